@@ -1,0 +1,116 @@
+"""NUMA nodes from sys/devices/system/node: online CPUs, SLIT distances, memory."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+from topod.cpulist import parse_cpumask
+from topod.discover.cpus import read_cpulist_file
+from topod.discover.notes import Notes
+from topod.host import HostRoot
+from topod.model import NumaNode
+
+NODE_DIR = "sys/devices/system/node"
+_NODE_NAME = re.compile(r"^node(\d+)$")
+_CPU_NAME = re.compile(r"^cpu(\d+)$")
+_MEMTOTAL = re.compile(r"MemTotal:\s+(\d+)\s*kB")
+
+
+def parse_meminfo_total(text: str) -> int | None:
+    """Bytes of 'Node N MemTotal: X kB' (or /proc/meminfo's MemTotal)."""
+    match = _MEMTOTAL.search(text)
+    return int(match.group(1)) * 1024 if match else None
+
+
+def parse_distance_row(text: str) -> list[int]:
+    """'10 21 21' -> [10, 21, 21]. Raises ValueError on garbage."""
+    values = [int(word) for word in text.split()]
+    if any(value <= 0 for value in values):
+        raise ValueError(f"non-positive SLIT distance in {text!r}")
+    return values
+
+
+def read_numa_nodes(host: HostRoot, online_cpus: set[int], notes: Notes) -> list[NumaNode]:
+    ids = sorted(int(m.group(1)) for name in host.listdir(NODE_DIR) if (m := _NODE_NAME.match(name)))
+    nodes: list[NumaNode] = []
+    for node_id in ids:
+        base = f"{NODE_DIR}/node{node_id}"
+        listed = _read_node_cpus(host, base, notes)
+        distances = _read_distances(host, base, node_id, ids, notes)
+        meminfo = host.read(f"{base}/meminfo")
+        memory = parse_meminfo_total(meminfo) if meminfo is not None else None
+        if memory is None:
+            notes.add("missing_value", f"{base}/meminfo", "no MemTotal; memory size unknown")
+        nodes.append(
+            NumaNode(
+                id=node_id,
+                cpus=tuple(cpu for cpu in listed if cpu in online_cpus),
+                distances=distances,
+                memory_bytes=memory,
+                listed_cpus=tuple(listed),
+            )
+        )
+    return [replace(node, local_cpus=near_cpus_of_memory_node(node, nodes)) for node in nodes]
+
+
+def _read_node_cpus(host: HostRoot, base: str, notes: Notes) -> list[int]:
+    """cpulist, else cpumap, else the cpuN links (old kernels have only some of them)."""
+    listed = read_cpulist_file(host, f"{base}/cpulist", notes)
+    if listed is not None:
+        return listed
+    text = host.read(f"{base}/cpumap")
+    if text is not None:
+        try:
+            return parse_cpumask(text)
+        except ValueError:
+            notes.add("bad_value", f"{base}/cpumap", "not a CPU mask; used the cpuN entries")
+    entries = [int(m.group(1)) for name in host.listdir(base) if (m := _CPU_NAME.match(name))]
+    if not entries and not host.exists(f"{base}/cpumap"):
+        notes.add("missing_file", f"{base}/cpulist", "no cpulist, cpumap or cpuN entries; node has no known CPUs")
+    return sorted(entries)
+
+
+def near_cpus_of_memory_node(node: NumaNode, nodes: list[NumaNode]) -> tuple[int, ...]:
+    """A CPU-less node is local to the CPU nodes at the smallest SLIT distance (as hwloc
+    places memory-only and generic-initiator nodes)."""
+    if node.cpus:
+        return node.cpus
+    candidates = [(node.distances[other.id], other) for other in nodes
+                  if other.cpus and other.id in node.distances]
+    if not candidates:
+        return ()
+    nearest = min(distance for distance, _ in candidates)
+    return tuple(sorted(cpu for distance, other in candidates if distance == nearest for cpu in other.cpus))
+
+
+def _read_distances(host: HostRoot, base: str, node_id: int, ids: list[int], notes: Notes) -> dict[int, int]:
+    text = host.read(f"{base}/distance")
+    if text is None:
+        notes.add("missing_file", f"{base}/distance", "no SLIT row; only the local distance is known")
+        return {node_id: 10}
+    try:
+        row = parse_distance_row(text)
+    except ValueError as exc:
+        notes.add("bad_value", f"{base}/distance", f"{exc}; only the local distance is kept")
+        return {node_id: 10}
+    # The row is indexed by the position of each *possible* node, which for sparse ids is
+    # the order of the node directories.
+    if len(row) != len(ids):
+        notes.add(
+            "bad_value",
+            f"{base}/distance",
+            f"{len(row)} distances for {len(ids)} nodes; kept the first {min(len(row), len(ids))}",
+        )
+    return {other: value for other, value in zip(ids, row)}
+
+
+def nodes_from_cpus_without_sysfs(online_cpus: set[int], notes: Notes) -> list[NumaNode]:
+    """A kernel built without NUMA has no node directory: that is one node, said so."""
+    notes.add(
+        "no_numa_sysfs",
+        NODE_DIR,
+        "no NUMA node directories; the host is treated as one node 0 holding every online CPU",
+    )
+    cpus = tuple(sorted(online_cpus))
+    return [NumaNode(id=0, cpus=cpus, distances={0: 10}, memory_bytes=None, local_cpus=cpus)]

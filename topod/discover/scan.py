@@ -1,0 +1,92 @@
+"""One discovery pass: host tree in, Topology out."""
+
+from __future__ import annotations
+
+from topod.discover.cpus import read_cpu_facts, read_cpus
+from topod.discover.notes import Notes
+from topod.discover.numa import nodes_from_cpus_without_sysfs, read_numa_nodes
+from topod.discover.nvml import NvmlReport, build_fabric, read_nvml
+from topod.discover.pci import build_pci_devices, read_functions
+from topod.errors import NotAHostTreeError
+from topod.host import HostRoot
+from topod.model import Gpu, NumaNode, PciDevice, Topology
+
+
+def discover(host: HostRoot, *, live_nvml: bool = True) -> Topology:
+    """Read the whole host. Never raises for odd content: guesses and skips go to
+    Topology.warnings. Raises NotAHostTreeError when the root has no CPUs at all."""
+    notes = Notes()
+    facts = read_cpu_facts(host, notes)
+    if not facts.present and not facts.online:
+        raise NotAHostTreeError(f"--root {host.root}: no CPUs under sys/devices/system/cpu; not a host tree")
+    nodes = read_numa_nodes(host, facts.online, notes)
+    if not nodes:
+        nodes = nodes_from_cpus_without_sysfs(facts.online, notes)
+    node_of_cpu = _node_of_cpu(nodes)
+    for cpu in sorted(facts.online - set(node_of_cpu)):
+        notes.add("cpu_without_node", f"sys/devices/system/cpu/cpu{cpu}", "online CPU listed by no NUMA node")
+    cpus = read_cpus(host, facts, node_of_cpu, notes)
+    devices = build_pci_devices(read_functions(host, notes), nodes, facts.online, notes)
+    report = read_nvml(host, notes, allow_live=live_nvml)
+    gpus = build_gpus(devices, report, notes)
+    fabric = build_fabric(report, {gpu.address: gpu.index for gpu in gpus})
+    return Topology(
+        root=str(host.root),
+        numa_nodes=tuple(nodes),
+        cpus=tuple(cpus),
+        pci_devices=tuple(devices),
+        gpus=tuple(gpus),
+        nvlink=fabric,
+        warnings=tuple(notes.items),
+        driver_version=report.driver_version if report else None,
+    )
+
+
+def _node_of_cpu(nodes: list[NumaNode]) -> dict[int, int]:
+    owner: dict[int, int] = {}
+    for node in nodes:
+        for cpu in node.cpus:
+            owner.setdefault(cpu, node.id)
+    return owner
+
+
+def build_gpus(devices: list[PciDevice], report: NvmlReport | None, notes: Notes) -> list[Gpu]:
+    """GPUs as NVML numbers them when NVML speaks; otherwise the PCI functions of kind
+    'gpu' in bus order (CUDA_DEVICE_ORDER=PCI_BUS_ID), said so in warnings."""
+    by_address = {device.address: device for device in devices}
+    if report is not None:
+        gpus = []
+        for entry in sorted(report.gpus, key=lambda g: g.index):
+            device = by_address.get(entry.pci_bus_id)
+            if device is None:
+                notes.add(
+                    "nvml_gpu_not_in_sysfs",
+                    f"sys/bus/pci/devices/{entry.pci_bus_id}",
+                    f"NVML GPU {entry.index} has no PCI function in sysfs; its locality is unknown",
+                )
+            gpus.append(
+                Gpu(
+                    index=entry.index,
+                    address=entry.pci_bus_id,
+                    uuid=entry.uuid,
+                    name=entry.name,
+                    memory_total_mib=entry.memory_total_mib,
+                    compute_capability=entry.compute_capability,
+                    numa_node=device.numa_node if device else None,
+                    nvlinks=entry.nvlinks,
+                    source=report.source,
+                )
+            )
+        return gpus
+    pci_gpus = [device for device in devices if device.kind == "gpu"]
+    if pci_gpus:
+        notes.add(
+            "gpu_index_from_pci_order",
+            "sys/bus/pci/devices",
+            f"{len(pci_gpus)} GPU(s) found in sysfs without NVML: indices follow PCI bus order",
+        )
+    return [
+        Gpu(index=i, address=d.address, uuid=None, name=None, memory_total_mib=None,
+            compute_capability=None, numa_node=d.numa_node, source="sysfs")
+        for i, d in enumerate(pci_gpus)
+    ]

@@ -1,0 +1,44 @@
+"""The error hierarchy: every message says what to fix."""
+
+from __future__ import annotations
+
+
+class TopodError(Exception):
+    """Base of every error topod raises on purpose."""
+
+    code = "topod_error"
+
+
+class NotAHostTreeError(TopodError):
+    """A --root that holds neither sys/ nor proc/ the way a host does."""
+
+    code = "not_a_host_tree"
+
+
+class HostReadError(TopodError):
+    """A file under the host root could not be read or parsed."""
+
+    code = "host_read_error"
+
+
+class HostWriteError(TopodError):
+    """A write under the host root failed; carries the errno."""
+
+    code = "host_write_error"
+
+    def __init__(self, path: str, errno_value: int, message: str) -> None:
+        super().__init__(f"{path}: {message}")
+        self.path = path
+        self.errno = errno_value
+
+
+class ConfigError(TopodError):
+    """The TOML configuration is invalid; the message names the key path."""
+
+    code = "invalid_config"
+
+
+class AllocationError(TopodError):
+    """A request that cannot be met as asked."""
+
+    code = "allocation_failed"

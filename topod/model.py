@@ -1,0 +1,299 @@
+"""The host model: frozen values that every planner reads and no planner changes.
+
+Discovery builds a Topology once per scan; the allocation engine, the IRQ planner and
+the exporters take it as input. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Where a PCI function's NUMA node came from, best first.
+NUMA_SOURCES = ("firmware", "local_cpus", "ancestor", "measured", "single_node", "unknown")
+
+DEVICE_KINDS = ("gpu", "nvswitch", "rdma", "nic", "nvme", "bridge", "other")
+
+
+@dataclass(frozen=True, slots=True)
+class HostWarning:
+    """A guess or a skip, with the file it concerns and the reason."""
+
+    code: str
+    path: str
+    reason: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"code": self.code, "path": self.path, "reason": self.reason}
+
+
+@dataclass(frozen=True, slots=True)
+class NumaNode:
+    id: int
+    cpus: tuple[int, ...]  # online CPUs only
+    distances: dict[int, int]  # SLIT row: node id -> distance (10 = local)
+    memory_bytes: int | None
+    listed_cpus: tuple[int, ...] = ()  # the node's cpulist as sysfs gives it, offline included
+    local_cpus: tuple[int, ...] = ()  # its own CPUs, or for a CPU-less node the nearest ones
+
+    @property
+    def has_cpus(self) -> bool:
+        return bool(self.cpus)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "id": self.id,
+            "cpus": list(self.cpus),
+            "local_cpus": list(self.local_cpus),
+            "distances": {str(k): v for k, v in sorted(self.distances.items())},
+            "memory_bytes": self.memory_bytes,
+            "memory_only": not self.has_cpus,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Cpu:
+    id: int
+    online: bool
+    core: int | None  # the kernel's core_id (unique within a package only)
+    package: int | None
+    numa_node: int | None
+    siblings: tuple[int, ...]  # hyper-thread siblings, itself included
+    llc: int | None  # id of the last-level cache domain: lowest CPU sharing it
+    isolated: bool = False
+    nohz_full: bool = False
+
+    @property
+    def physical_core(self) -> tuple[int, ...]:
+        """The CPUs of this CPU's physical core (a stable key across packages)."""
+        return self.siblings or (self.id,)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "id": self.id,
+            "online": self.online,
+            "core": self.core,
+            "package": self.package,
+            "numa_node": self.numa_node,
+            "siblings": list(self.siblings),
+            "llc": self.llc,
+            "isolated": self.isolated,
+            "nohz_full": self.nohz_full,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class PciLink:
+    current_speed: str | None
+    current_width: int | None
+    max_speed: str | None
+    max_width: int | None
+
+    @property
+    def degraded(self) -> bool:
+        """Trained below what the device and slot support (a common, silent fault)."""
+        if self.current_width and self.max_width and self.current_width < self.max_width:
+            return True
+        current, maximum = gts(self.current_speed), gts(self.max_speed)
+        return current is not None and maximum is not None and current < maximum
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "current_speed": self.current_speed,
+            "current_width": self.current_width,
+            "max_speed": self.max_speed,
+            "max_width": self.max_width,
+            "degraded": self.degraded,
+        }
+
+
+def gts(speed: str | None) -> float | None:
+    """'16.0 GT/s PCIe' -> 16.0; None for 'Unknown' or garbage."""
+    if not speed:
+        return None
+    head = speed.split()[0]
+    try:
+        return float(head)
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class PciDevice:
+    address: str  # domain:bus:slot.function, e.g. 0000:18:00.0
+    vendor: int | None
+    device: int | None
+    class_code: int | None  # 24-bit class, e.g. 0x030200
+    kind: str
+    driver: str | None
+    parent: str | None  # address of the upstream bridge, None on a root bus
+    root_complex: str  # host bridge directory, e.g. pci0000:17
+    root_port: str | None  # topmost bridge above (or self, for a root port)
+    switch: str | None  # upstream port of the nearest PCIe switch above, if any
+    numa_node_raw: int | None
+    numa_node: int | None
+    numa_node_source: str
+    local_cpus: tuple[int, ...]
+    link: PciLink | None
+    msi_irqs: tuple[int, ...]
+    names: tuple[str, ...] = ()  # net/infiniband/nvme/drm names of its children
+    bridge_chain: tuple[str, ...] = ()  # bridges from the root port down to parent
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "address": self.address,
+            "vendor": _hex(self.vendor, 4),
+            "device": _hex(self.device, 4),
+            "class": _hex(self.class_code, 6),
+            "kind": self.kind,
+            "driver": self.driver,
+            "parent": self.parent,
+            "root_complex": self.root_complex,
+            "root_port": self.root_port,
+            "switch": self.switch,
+            "numa_node_raw": self.numa_node_raw,
+            "numa_node": self.numa_node,
+            "numa_node_source": self.numa_node_source,
+            "local_cpus": list(self.local_cpus),
+            "link": self.link.to_json() if self.link else None,
+            "msi_irqs": list(self.msi_irqs),
+            "names": list(self.names),
+        }
+
+
+def _hex(value: int | None, width: int) -> str | None:
+    return None if value is None else f"0x{value:0{width}x}"
+
+
+@dataclass(frozen=True, slots=True)
+class NvLink:
+    link: int
+    active: bool
+    remote_pci_bus_id: str
+    remote_device_type: str  # gpu | switch | cpu
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    index: int
+    address: str
+    uuid: str | None
+    name: str | None
+    memory_total_mib: int | None
+    compute_capability: tuple[int, int] | None
+    numa_node: int | None
+    nvlinks: tuple[NvLink, ...] = ()
+    source: str = "sysfs"  # nvml-live | nvml-file | sysfs
+
+    @property
+    def device_file(self) -> str:
+        return f"/dev/nvidia{self.index}"
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "index": self.index,
+            "address": self.address,
+            "uuid": self.uuid,
+            "name": self.name,
+            "memory_total_mib": self.memory_total_mib,
+            "compute_capability": list(self.compute_capability) if self.compute_capability else None,
+            "numa_node": self.numa_node,
+            "source": self.source,
+            "nvlinks": [
+                {
+                    "link": link.link,
+                    "active": link.active,
+                    "remote_pci_bus_id": link.remote_pci_bus_id,
+                    "remote_device_type": link.remote_device_type,
+                }
+                for link in self.nvlinks
+            ],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class NvlinkFabric:
+    """NVLink as topod sees it: direct links per GPU pair, and NVSwitch islands."""
+
+    pairs: dict[tuple[int, int], int] = field(default_factory=dict)  # (i<j) -> links
+    islands: tuple[tuple[int, ...], ...] = ()  # GPU indices all-to-all through NVSwitch
+    island_links: dict[int, int] = field(default_factory=dict)  # GPU index -> links to switches
+    source: str = "none"  # nvml-live | nvml-file | none
+
+    def links_between(self, a: int, b: int) -> int:
+        return self.pairs.get((min(a, b), max(a, b)), 0)
+
+    def island_of(self, gpu: int) -> tuple[int, ...] | None:
+        for island in self.islands:
+            if gpu in island:
+                return island
+        return None
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "source": self.source,
+            "pairs": [{"gpus": [a, b], "links": n} for (a, b), n in sorted(self.pairs.items())],
+            "nvswitch_islands": [
+                {"gpus": list(island), "links_per_gpu": {str(g): self.island_links.get(g, 0) for g in island}}
+                for island in self.islands
+            ],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    root: str
+    numa_nodes: tuple[NumaNode, ...]
+    cpus: tuple[Cpu, ...]
+    pci_devices: tuple[PciDevice, ...]
+    gpus: tuple[Gpu, ...]
+    nvlink: NvlinkFabric
+    warnings: tuple[HostWarning, ...]
+    driver_version: str | None = None
+
+    def node(self, node_id: int) -> NumaNode | None:
+        for node in self.numa_nodes:
+            if node.id == node_id:
+                return node
+        return None
+
+    def cpu(self, cpu_id: int) -> Cpu | None:
+        for cpu in self.cpus:
+            if cpu.id == cpu_id:
+                return cpu
+        return None
+
+    def device(self, address: str) -> PciDevice | None:
+        for device in self.pci_devices:
+            if device.address == address:
+                return device
+        return None
+
+    def devices_of_kind(self, *kinds: str) -> tuple[PciDevice, ...]:
+        return tuple(d for d in self.pci_devices if d.kind in kinds)
+
+    def gpu(self, index: int) -> Gpu | None:
+        for gpu in self.gpus:
+            if gpu.index == index:
+                return gpu
+        return None
+
+    @property
+    def online_cpus(self) -> tuple[int, ...]:
+        return tuple(cpu.id for cpu in self.cpus if cpu.online)
+
+    @property
+    def isolated_cpus(self) -> tuple[int, ...]:
+        return tuple(cpu.id for cpu in self.cpus if cpu.isolated)
+
+    @property
+    def nohz_full_cpus(self) -> tuple[int, ...]:
+        return tuple(cpu.id for cpu in self.cpus if cpu.nohz_full)
+
+    def slit(self, a: int | None, b: int | None) -> int | None:
+        """SLIT distance between two nodes, None when either is unknown."""
+        if a is None or b is None:
+            return None
+        node = self.node(a)
+        if node is None:
+            return None
+        return node.distances.get(b)
