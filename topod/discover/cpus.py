@@ -26,6 +26,8 @@ class CpuFacts:
 
 def read_cpulist_file(host: HostRoot, rel: str, notes: Notes, *, required: bool = False) -> list[int] | None:
     text = host.read(rel)
+    if text is not None and text.strip() == "(null)":
+        return []  # what some kernels print for an empty nohz_full
     if text is None:
         if required:
             notes.add("missing_file", rel, "file missing or unreadable")
@@ -51,7 +53,6 @@ def read_cpu_facts(host: HostRoot, notes: Notes) -> CpuFacts:
         online = set(online_list)
     isolated = set(read_cpulist_file(host, f"{CPU_DIR}/isolated", notes) or [])
     nohz_full = set(read_cpulist_file(host, f"{CPU_DIR}/nohz_full", notes) or [])
-    # Some kernels print "(null)" for nohz_full when it is off; parse_cpulist rejected it above.
     return CpuFacts(present=present, online=online, isolated=isolated, nohz_full=nohz_full)
 
 

@@ -104,14 +104,16 @@ def _parse_link(entry: Any, where: str) -> NvLink:
                   remote_device_type=kind)
 
 
-def read_nvml(host: HostRoot, notes: Notes, *, allow_live: bool = True) -> NvmlReport | None:
+def read_nvml(host: HostRoot, notes: Notes, *, allow_live: bool = True, expect_gpus: bool = True) -> NvmlReport | None:
     """Live NVML on the real root, else nvml.json at the root, else None (noted)."""
-    if host.is_live and allow_live:
+    if host.is_live and allow_live and expect_gpus:
         report = read_live_nvml(notes)
         if report is not None:
             return report
     text = host.read(NVML_FILE)
     if text is None:
+        if not expect_gpus:
+            return None
         notes.add("no_nvml", NVML_FILE, "no NVML driver and no nvml.json: GPU names, UUIDs and NVLink unknown")
         return None
     try:

@@ -27,7 +27,8 @@ def discover(host: HostRoot, *, live_nvml: bool = True) -> Topology:
         notes.add("cpu_without_node", f"sys/devices/system/cpu/cpu{cpu}", "online CPU listed by no NUMA node")
     cpus = read_cpus(host, facts, node_of_cpu, notes)
     devices = build_pci_devices(read_functions(host, notes), nodes, facts.online, notes)
-    report = read_nvml(host, notes, allow_live=live_nvml)
+    has_nvidia = any(d.vendor == 0x10DE for d in devices)
+    report = read_nvml(host, notes, allow_live=live_nvml, expect_gpus=has_nvidia)
     gpus = build_gpus(devices, report, notes)
     fabric = build_fabric(report, {gpu.address: gpu.index for gpu in gpus})
     return Topology(
