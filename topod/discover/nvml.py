@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,11 +33,15 @@ class NvmlReport:
     gpus: tuple[NvmlGpu, ...]
 
 
+_BUS_ID = re.compile(r"^(?:([0-9a-f]{1,8}):)?([0-9a-f]{2}:[0-9a-f]{2}\.[0-7])$")
+
+
 def normalize_bus_id(bus_id: str) -> str:
-    """NVML's '00000000:18:00.0' -> sysfs's '0000:18:00.0' (lower case)."""
-    text = bus_id.strip().lower()
-    domain, rest = text.split(":", 1) if text.count(":") == 2 else ("0000", text)
-    return f"{int(domain, 16):04x}:{rest}"
+    """NVML's '00000000:18:00.0' -> sysfs's '0000:18:00.0' (lower case); ValueError otherwise."""
+    match = _BUS_ID.match(bus_id.strip().lower())
+    if match is None:
+        raise ValueError(f"not a PCI bus id: {bus_id!r}")
+    return f"{int(match.group(1) or '0', 16):04x}:{match.group(2)}"
 
 
 def parse_nvml_json(text: str) -> NvmlReport:
@@ -100,7 +105,11 @@ def _parse_link(entry: Any, where: str) -> NvLink:
     link = entry.get("link")
     if not isinstance(link, int):
         raise ValueError(f"{where}.link: expected an integer")
-    return NvLink(link=link, active=bool(entry.get("active")), remote_pci_bus_id=normalize_bus_id(remote),
+    try:
+        remote_id = normalize_bus_id(remote)
+    except ValueError as exc:
+        raise ValueError(f"{where}.remote_pci_bus_id: {exc}") from exc
+    return NvLink(link=link, active=bool(entry.get("active")), remote_pci_bus_id=remote_id,
                   remote_device_type=kind)
 
 
@@ -136,7 +145,7 @@ def read_live_nvml(notes: Notes) -> NvmlReport | None:
         return None
     try:
         return _live_report(pynvml)
-    except pynvml.NVMLError as exc:
+    except (pynvml.NVMLError, ValueError) as exc:
         notes.add("nvml_error", "libnvidia-ml.so", f"NVML query failed: {exc}")
         return None
     finally:

@@ -1,0 +1,49 @@
+"""Shared fixtures: host trees built from the built-in specs, and the real corpus."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from topod.discover import discover
+from topod.host import HostRoot
+from topod.hostspec import build_host, load_builtin_spec
+
+CORPUS = Path(__file__).resolve().parents[2] / "shared" / "data" / "hosts"
+_BUILT: dict[str, Path] = {}
+
+
+@pytest.fixture(scope="session")
+def _tree_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("hosts")
+
+
+@pytest.fixture()
+def host_tree(_tree_cache: Path, tmp_path: Path):
+    """host_tree('h800-8gpu') -> a fresh, writable copy of that built-in host's tree."""
+
+    def make(name: str, **overrides: object) -> Path:
+        cached = _BUILT.get(name)
+        if cached is None or overrides:
+            spec = load_builtin_spec(name)
+            spec.update(overrides)
+            cached = build_host(spec, _tree_cache / f"{name}-{len(_BUILT)}")
+            if not overrides:
+                _BUILT[name] = cached
+        target = tmp_path / name
+        shutil.copytree(cached, target, symlinks=True)
+        return target
+
+    return make
+
+
+@pytest.fixture()
+def topology_of(host_tree):
+    """topology_of('h800-8gpu') -> the discovered Topology of a fresh copy of that host."""
+
+    def make(name: str):
+        return discover(HostRoot(host_tree(name)), live_nvml=False)
+
+    return make

@@ -1,0 +1,192 @@
+"""`topoctl snapshot`: capture what discovery reads into a tar.gz host tree.
+
+In the spirit of hwloc-gather-topology, but an allowlist: only the files topod reads,
+each copied by reading it (sysfs reports 4096 bytes for every file), links kept as links.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import tarfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from topod.discover.notes import Notes
+from topod.discover.nvml import NVML_FILE, NvmlReport, read_live_nvml
+from topod.host import HostRoot
+
+CPU_FILES = ("online", "possible", "present", "offline", "isolated", "nohz_full", "kernel_max")
+CPU_TOPOLOGY = ("core_id", "physical_package_id", "die_id", "thread_siblings_list", "core_cpus_list",
+                "package_cpus_list", "core_siblings_list")
+CACHE_FILES = ("level", "type", "shared_cpu_list", "size", "id")
+NODE_FILES = ("cpulist", "cpumap", "distance", "meminfo")
+PCI_FILES = ("vendor", "device", "class", "numa_node", "local_cpus", "local_cpulist", "current_link_speed",
+             "current_link_width", "max_link_speed", "max_link_width", "subsystem_vendor", "subsystem_device",
+             "revision", "irq", "uevent")
+PCI_CHILD_CLASSES = ("net", "infiniband", "nvme", "drm")
+PROC_FILES = ("cpuinfo", "meminfo", "stat", "interrupts", "softirqs", "cmdline")
+IRQ_FILES = ("smp_affinity_list", "effective_affinity_list", "node", "smp_affinity")
+PCI_ADDRESS = re.compile(r"^[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+MAX_FILE = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    path: str  # relative to the root
+    data: bytes | None = None
+    link: str | None = None
+
+
+def collect(host: HostRoot) -> Iterator[Entry]:
+    yield from _cpu_entries(host)
+    yield from _node_entries(host)
+    yield from _pci_entries(host)
+    for name in PROC_FILES:
+        yield from _file(host, f"proc/{name}")
+    for irq in host.listdir("proc/irq"):
+        if irq.isdigit():
+            for name in IRQ_FILES:
+                yield from _file(host, f"proc/irq/{irq}/{name}")
+    for name in host.listdir("run/udev/data"):
+        if name.startswith(("+pci:", "n", "+infiniband:", "+nvme:", "+net:", "c")):
+            yield from _file(host, f"run/udev/data/{name}")
+
+
+def _file(host: HostRoot, rel: str) -> Iterator[Entry]:
+    try:
+        with open(host.path(rel), "rb") as handle:
+            data = handle.read(MAX_FILE)
+    except OSError:
+        return
+    yield Entry(rel, data=data)
+
+
+def _link(host: HostRoot, rel: str) -> Iterator[Entry]:
+    target = host.readlink(rel)
+    if target is not None:
+        yield Entry(rel, link=target)
+
+
+def _cpu_entries(host: HostRoot) -> Iterator[Entry]:
+    base = "sys/devices/system/cpu"
+    for name in CPU_FILES:
+        yield from _file(host, f"{base}/{name}")
+    for cpu in host.listdir(base):
+        if not (cpu.startswith("cpu") and cpu[3:].isdigit()):
+            continue
+        yield from _file(host, f"{base}/{cpu}/online")
+        for name in CPU_TOPOLOGY:
+            yield from _file(host, f"{base}/{cpu}/topology/{name}")
+        for index in host.listdir(f"{base}/{cpu}/cache"):
+            if index.startswith("index"):
+                for name in CACHE_FILES:
+                    yield from _file(host, f"{base}/{cpu}/cache/{index}/{name}")
+
+
+def _node_entries(host: HostRoot) -> Iterator[Entry]:
+    base = "sys/devices/system/node"
+    for name in ("online", "possible", "has_cpu", "has_memory", "has_normal_memory"):
+        yield from _file(host, f"{base}/{name}")
+    for node in host.listdir(base):
+        if node.startswith("node") and node[4:].isdigit():
+            for name in NODE_FILES:
+                yield from _file(host, f"{base}/{node}/{name}")
+
+
+def _pci_entries(host: HostRoot) -> Iterator[Entry]:
+    bus = "sys/bus/pci/devices"
+    for name in host.listdir(bus):
+        yield from _link(host, f"{bus}/{name}")
+    for top in host.listdir("sys/devices"):
+        if top.startswith("pci"):
+            yield from _pci_tree(host, f"sys/devices/{top}")
+    for cls in PCI_CHILD_CLASSES:
+        for name in host.listdir(f"sys/class/{cls}"):
+            yield from _link(host, f"sys/class/{cls}/{name}")
+
+
+def _pci_tree(host: HostRoot, path: str) -> Iterator[Entry]:
+    for name in host.listdir(path):
+        child = f"{path}/{name}"
+        if not PCI_ADDRESS.match(name) or host.readlink(child) is not None:
+            continue
+        for file_name in PCI_FILES:
+            yield from _file(host, f"{child}/{file_name}")
+        yield from _link(host, f"{child}/driver")
+        for irq in host.listdir(f"{child}/msi_irqs"):
+            yield from _file(host, f"{child}/msi_irqs/{irq}")
+        for cls in PCI_CHILD_CLASSES:
+            for sub in host.listdir(f"{child}/{cls}"):
+                yield from _file(host, f"{child}/{cls}/{sub}/uevent")
+        yield from _pci_tree(host, child)
+
+
+def nvml_report_to_json(report: NvmlReport) -> dict[str, object]:
+    return {
+        "driver_version": report.driver_version,
+        "gpus": [
+            {
+                "index": gpu.index,
+                "pci_bus_id": gpu.pci_bus_id,
+                "uuid": gpu.uuid,
+                "name": gpu.name,
+                "memory_total_mib": gpu.memory_total_mib,
+                "compute_capability": list(gpu.compute_capability) if gpu.compute_capability else None,
+                "nvlinks": [
+                    {"link": link.link, "active": link.active, "remote_pci_bus_id": link.remote_pci_bus_id,
+                     "remote_device_type": link.remote_device_type}
+                    for link in gpu.nvlinks
+                ],
+            }
+            for gpu in report.gpus
+        ],
+    }
+
+
+def _nvml_entry(host: HostRoot) -> Iterator[Entry]:
+    if host.is_live:
+        report = read_live_nvml(Notes())
+        if report is not None:
+            yield Entry(NVML_FILE, data=(json.dumps(nvml_report_to_json(report), indent=2) + "\n").encode())
+            return
+    yield from _file(host, NVML_FILE)
+
+
+def write_snapshot(host: HostRoot, output: str, top: str) -> int:
+    """Write the snapshot; returns the number of entries."""
+    count = 0
+    now = time.time()
+    with tarfile.open(output, "w:gz") as archive:
+        seen_dirs: set[str] = set()
+        for entry in [*collect(host), *_nvml_entry(host)]:
+            _add_parents(archive, top, entry.path, seen_dirs, now)
+            info = tarfile.TarInfo(f"{top}/{entry.path}")
+            info.mtime = int(now)
+            if entry.link is not None:
+                info.type = tarfile.SYMTYPE
+                info.linkname = entry.link
+                archive.addfile(info)
+            else:
+                data = entry.data or b""
+                info.size = len(data)
+                info.mode = 0o644
+                archive.addfile(info, io.BytesIO(data))
+            count += 1
+    return count
+
+
+def _add_parents(archive: tarfile.TarFile, top: str, path: str, seen: set[str], now: float) -> None:
+    parts = path.split("/")[:-1]
+    for depth in range(len(parts) + 1):
+        directory = "/".join([top, *parts[:depth]])
+        if directory in seen:
+            continue
+        seen.add(directory)
+        info = tarfile.TarInfo(directory)
+        info.type = tarfile.DIRTYPE
+        info.mode = 0o755
+        info.mtime = int(now)
+        archive.addfile(info)
