@@ -1,0 +1,77 @@
+"""Run the real daemon on a temporary socket against a fixture host."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from topod.client import ApiError, Client
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class DaemonProcess:
+    def __init__(self, root: Path, workdir: Path, config: str = "") -> None:
+        self.root = root
+        self.workdir = workdir
+        self.socket = str(workdir / "topod.sock")
+        self.state = str(workdir / "state")
+        self.config_path = workdir / "topod.toml"
+        self.config_path.write_text(config or '[irq]\nmode = "dry-run"\n[probe]\nenabled = false\n')
+        self.log_path = workdir / "daemon.log"
+        self.process: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 15.0) -> Client:
+        env = dict(os.environ, PYTHONPATH=str(REPO))
+        env.pop("NOTIFY_SOCKET", None)
+        log = open(self.log_path, "ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "topod.service.main", "--root", str(self.root), "--socket", self.socket,
+             "--state-dir", self.state, "--config", str(self.config_path), "--log-format", "json"],
+            stdout=log, stderr=log, env=env)
+        client = Client(self.socket, timeout=10)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"daemon exited {self.process.returncode}: {self.log_path.read_text()[-3000:]}")
+            try:
+                client.health()
+                return client
+            except ApiError:
+                time.sleep(0.05)
+        raise RuntimeError(f"daemon did not start: {self.log_path.read_text()[-3000:]}")
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.process is None or self.process.poll() is not None:
+            return self.process.returncode if self.process else 0
+        self.process.send_signal(sig)
+        try:
+            return self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return self.process.wait()
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+
+@pytest.fixture()
+def daemon_factory(host_tree, tmp_path):
+    started: list[DaemonProcess] = []
+
+    def make(host: str = "h800-8gpu", config: str = "") -> DaemonProcess:
+        work = tmp_path / f"d{len(started)}"
+        work.mkdir()
+        proc = DaemonProcess(host_tree(host), work, config)
+        started.append(proc)
+        return proc
+
+    yield make
+    for proc in started:
+        proc.stop(signal.SIGKILL)

@@ -1,0 +1,107 @@
+"""Prometheus exposition from a daemon snapshot: names, values, and promtool's verdict."""
+
+from __future__ import annotations
+
+import math
+import shutil
+import subprocess
+
+import pytest
+
+from topod.export.metrics import LatencyHistogram, render_metrics
+
+
+def full_snapshot() -> dict:
+    latency = LatencyHistogram()
+    for seconds in (0.0004, 0.001, 0.003, 0.02, 2.0):
+        latency.observe(seconds)
+    return {
+        "build": {"version": "0.1.0", "python": "3.11"},
+        "gpus_by_state": {"free": 6, "leased": 2},
+        "leases": [{"id": "l-1", "gpus": 2, "satisfaction": 1.0}, {"id": "l-2", "gpus": 1}],
+        "decision_latency": latency.to_snapshot(),
+        "requests_by_result": {"granted": 9, "denied": 1},
+        "irq_moves": 42,
+        "cpu_interrupt_rates": {1: 3.5, 0: 1200.0},
+        "link_bandwidth": [{"src": "GPU0", "dst": "GPU1", "bytes_per_second": 2.1e10}],
+        "probe": {"duration_seconds": 0.8, "last_timestamp_seconds": 1.7e9},
+    }
+
+
+def samples(text: str) -> dict[str, float]:
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def test_every_section_becomes_its_metrics():
+    values = samples(render_metrics(full_snapshot()))
+    assert values['topod_build_info{python="3.11",version="0.1.0"}'] == 1
+    assert values['topod_gpus{state="leased"}'] == 2
+    assert values["topod_leases_active"] == 2
+    assert values['topod_lease_topology_satisfaction_ratio{lease="l-1"}'] == 1.0
+    assert 'topod_lease_topology_satisfaction_ratio{lease="l-2"}' not in values
+    assert values['topod_allocation_requests_total{result="denied"}'] == 1
+    assert values["topod_irq_moves_total"] == 42
+    assert values['topod_cpu_interrupts_per_second{cpu="0"}'] == 1200.0
+    assert values['topod_link_bandwidth_bytes_per_second{dst="GPU1",src="GPU0"}'] == 2.1e10
+    assert values["topod_probe_duration_seconds"] == 0.8
+
+
+def test_latency_histogram_is_cumulative_with_inf_bucket():
+    values = samples(render_metrics({"decision_latency": full_snapshot()["decision_latency"]}))
+    assert values['topod_allocation_decision_seconds_bucket{le="0.0005"}'] == 1
+    assert values['topod_allocation_decision_seconds_bucket{le="0.001"}'] == 2  # le: 0.001 itself counts
+    assert values['topod_allocation_decision_seconds_bucket{le="1.0"}'] == 4
+    assert values['topod_allocation_decision_seconds_bucket{le="+Inf"}'] == 5
+    assert values["topod_allocation_decision_seconds_count"] == 5
+    assert math.isclose(values["topod_allocation_decision_seconds_sum"], 2.0244)
+
+
+def test_missing_sections_are_left_out_not_zeroed():
+    text = render_metrics({"irq_moves": 0})
+    assert "topod_irq_moves_total 0.0" in text
+    assert "topod_gpus" not in text and "topod_probe" not in text
+
+
+def test_renders_are_independent_no_global_registry():
+    render_metrics({"irq_moves": 5})
+    assert "irq_moves" not in render_metrics({"gpus_by_state": {"free": 1}})
+
+
+@pytest.mark.parametrize("snapshot,fragment", [
+    ({"gpu_states": {}}, "unknown sections"),
+    ({"irq_moves": "many"}, "irq_moves must be a number"),
+    ({"gpus_by_state": {"free": True}}, "gpus_by_state.free"),
+    ({"leases": [{"id": "l-1", "gpus": 1, "satisfaction": 1.5}]}, "outside 0..1"),
+    ({"decision_latency": {"buckets": {0.1: 2}, "sum": 0.1, "count": 3}}, "count 3 != bucket total 2"),
+])
+def test_bad_snapshot_is_rejected_naming_the_field(snapshot, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        render_metrics(snapshot)
+
+
+def test_histogram_bounds_must_increase():
+    with pytest.raises(ValueError, match="increasing"):
+        LatencyHistogram(bounds=(0.1, 0.01))
+
+
+PROMTOOL = shutil.which("promtool")
+
+
+@pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (Debian package prometheus)")
+def test_promtool_check_metrics_accepts_the_output():
+    result = subprocess.run([PROMTOOL, "check", "metrics"], input=render_metrics(full_snapshot()),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip() == "" and result.stderr.strip() == ""
+
+
+@pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (Debian package prometheus)")
+def test_promtool_check_would_catch_a_broken_exposition():
+    broken = "# TYPE topod_x counter\ntopod_x 1\n"  # a counter without _total: promtool lints it
+    result = subprocess.run([PROMTOOL, "check", "metrics"], input=broken, capture_output=True, text=True, timeout=60)
+    assert (result.stdout + result.stderr).strip() != ""

@@ -1,0 +1,367 @@
+"""The allocation service: the engine's decisions carried out on durable leases.
+
+Pure decisions come from topod.alloc.engine/policy; this shell owns the lease store, the
+waiting queue, expiry, owner-process watching and gentle preemption. Nothing here
+computes a placement itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from topod.alloc.leases import Lease, LeaseStore
+from topod.alloc.owner import OwnerWatch, process_start_time
+from topod.distance import DistanceModel
+from topod.errors import AllocationError, TopodError
+from topod.events import EventBus
+from topod.model import Topology
+
+SERVICE_FIELDS = ("ttl_seconds", "owner_pid", "wait")
+WAITABLE_CODES = ("insufficient_gpus", "level_unreachable", "insufficient_cpus")
+
+
+class PermissionDeniedError(TopodError):
+    code = "permission_denied"
+
+
+class LeaseNotFoundError(TopodError):
+    code = "lease_not_found"
+
+
+class QueueFullError(TopodError):
+    code = "queue_full"
+
+
+class WaitTimeoutError(AllocationError):
+    code = "wait_timeout"
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    uid: int
+    gid: int
+    pid: int | None
+    may_allocate: bool
+    is_admin: bool
+
+
+@dataclass(slots=True)
+class ServiceRequest:
+    """What the engine does not see: ttl, owner process, how long to wait."""
+
+    ttl_seconds: float | None
+    owner_pid: int | None
+    wait_seconds: float
+
+    @classmethod
+    def split(cls, body: Any) -> tuple[ServiceRequest, dict[str, Any]]:
+        if not isinstance(body, dict):
+            raise AllocationError("request body must be a JSON object")
+        engine_body = {k: v for k, v in body.items() if k not in SERVICE_FIELDS}
+        ttl = body.get("ttl_seconds")
+        owner = body.get("owner_pid")
+        wait = body.get("wait", 0)
+        if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or ttl <= 0):
+            raise _invalid("ttl_seconds: expected a positive number of seconds")
+        if owner is not None and (isinstance(owner, bool) or not isinstance(owner, int) or owner <= 0):
+            raise _invalid("owner_pid: expected a positive process id")
+        if wait is False or wait is None:
+            wait = 0
+        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or wait < 0:
+            raise _invalid("wait: expected a number of seconds >= 0 (0 = fail fast)")
+        return cls(float(ttl) if ttl is not None else None, owner, float(wait)), engine_body
+
+
+def _invalid(message: str) -> AllocationError:
+    error = AllocationError(message)
+    error.code = "invalid_request"
+    return error
+
+
+@dataclass(slots=True)
+class Waiter:
+    request: Any
+    service: ServiceRequest
+    caller: Caller
+    enqueued: float
+    future: asyncio.Future
+    victims: tuple[str, ...] = ()
+    id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+
+
+class AllocationService:
+    def __init__(self, topology: Topology, store: LeaseStore, bus: EventBus, settings: dict[str, Any],
+                 reserved_cpus: set[int], clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.bus = bus
+        self.settings = settings
+        self.reserved_cpus = set(reserved_cpus)
+        self.clock = clock
+        self.waiters: list[Waiter] = []
+        self.owner_watch = OwnerWatch(self._owner_exited)
+        self.decision_seconds: list[float] = []
+        self.results: dict[str, int] = {}
+        self.corrections: dict[tuple[str, str], float] = {}
+        self.set_topology(topology)
+
+    # -- topology -------------------------------------------------------------
+    def set_topology(self, topology: Topology) -> None:
+        self.topology = topology
+        self.distances = DistanceModel(topology, corrections=self.corrections)
+
+    def set_corrections(self, corrections: dict[tuple[str, str], float]) -> None:
+        self.corrections = dict(corrections)
+        self.distances = DistanceModel(self.topology, corrections=self.corrections)
+
+    # -- views ----------------------------------------------------------------
+    def leases(self) -> list[Lease]:
+        return self.store.all()
+
+    def leased_gpus(self) -> set[int]:
+        return {gpu for lease in self.store.all() for gpu in lease.gpus}
+
+    def leased_cpus(self) -> set[int]:
+        return {cpu for lease in self.store.all() for cpu in lease.cpus}
+
+    def free_state(self):
+        from topod.alloc.engine import FreeState
+
+        leases = self.store.all()
+        node_load: dict[int, float] = {}
+        for lease in leases:
+            for gpu in lease.gpus:
+                node = self.topology.gpu(gpu).numa_node if self.topology.gpu(gpu) else None
+                if node is not None:
+                    node_load[node] = node_load.get(node, 0.0) + 1.0
+        return FreeState(
+            busy_gpus=frozenset(g for lease in leases for g in lease.gpus),
+            busy_cpus=frozenset(c for lease in leases for c in lease.cpus),
+            reserved_cpus=frozenset(self.reserved_cpus),
+            node_load=node_load,
+        )
+
+    # -- allocation -----------------------------------------------------------
+    def parse(self, body: Any):
+        from topod.alloc.request import Request
+
+        service, engine_body = ServiceRequest.split(body)
+        engine_body.setdefault("level", self.settings.get("default_level", "good"))
+        return service, Request.from_json(engine_body)
+
+    def decide(self, request, waited: float = 0.0):
+        from topod.alloc.engine import allocate
+        from topod.alloc.policy import PolicySettings
+
+        policy = PolicySettings(
+            aging_seconds=self.settings.get("aging_seconds", 60.0),
+            backpressure_tolerance=self.settings.get("backpressure_tolerance", 0.1),
+        )
+        started = time.perf_counter()
+        try:
+            return allocate(self.topology, self.distances, self.free_state(), request, policy, waited_seconds=waited)
+        finally:
+            self.decision_seconds.append(time.perf_counter() - started)
+            del self.decision_seconds[:-4096]
+
+    def grant(self, request, decision, service: ServiceRequest, caller: Caller) -> Lease:
+        now = self.clock()
+        owner_pid = service.owner_pid
+        body = decision.to_json()
+        lease = Lease(
+            id=uuid.uuid4().hex[:16],
+            state="active",
+            owner_uid=caller.uid,
+            owner_gid=caller.gid,
+            requester_pid=caller.pid,
+            owner_pid=owner_pid,
+            job=getattr(request, "job", None),
+            priority=int(getattr(request, "priority", 0)),
+            preemptible=bool(getattr(request, "preemptible", False)),
+            gpus=tuple(body["gpus_indices"]),
+            cpus=tuple(body["cpus"]),
+            memory_nodes=tuple(body["memory_nodes"]),
+            created=now,
+            expires=now + service.ttl_seconds if service.ttl_seconds else None,
+            ttl_seconds=service.ttl_seconds,
+            decision={**body, "owner_start_time": process_start_time(owner_pid) if owner_pid else None},
+        )
+        self.store.add(lease)
+        if owner_pid:
+            self.owner_watch.watch(lease.id, owner_pid)
+        self._count("granted")
+        self.bus.publish("lease_granted", lease=lease.id, gpus=list(lease.gpus), cpus=len(lease.cpus),
+                         uid=lease.owner_uid, job=lease.job, level=body.get("level"))
+        return lease
+
+    async def allocate(self, body: Any, caller: Caller) -> Lease:
+        if not caller.may_allocate:
+            self._count("denied")
+            raise PermissionDeniedError("only root and members of the topod group may allocate")
+        try:
+            service, request = self.parse(body)
+        except TopodError:
+            self._count("invalid")
+            raise
+        if service.owner_pid and not _process_exists(service.owner_pid):
+            self._count("invalid")
+            raise _invalid(f"owner_pid: no process {service.owner_pid}")
+        try:
+            return self.grant(request, self.decide(request), service, caller)
+        except AllocationError as exc:
+            if service.wait_seconds <= 0 or exc.code not in WAITABLE_CODES:
+                self._count("rejected")
+                raise
+        return await self._wait(request, service, caller)
+
+    async def _wait(self, request, service: ServiceRequest, caller: Caller) -> Lease:
+        if len(self.waiters) >= int(self.settings.get("max_queue", 256)):
+            self._count("queue_full")
+            raise QueueFullError(f"{len(self.waiters)} requests already waiting; try again later")
+        waiter = Waiter(request, service, caller, self.clock(), asyncio.get_running_loop().create_future())
+        self.waiters.append(waiter)
+        self.bus.publish("request_queued", request=waiter.id, gpus=getattr(request, "gpus", None),
+                         priority=getattr(request, "priority", 0))
+        self._maybe_preempt(waiter)
+        try:
+            return await asyncio.wait_for(asyncio.shield(waiter.future), timeout=service.wait_seconds)
+        except TimeoutError:
+            self._count("timeout")
+            raise WaitTimeoutError(f"no GPUs became available within {service.wait_seconds:g} s") from None
+        finally:
+            if not waiter.future.done():
+                waiter.future.cancel()
+            self._drop_waiter(waiter)
+
+    def _drop_waiter(self, waiter: Waiter) -> None:
+        if waiter in self.waiters:
+            self.waiters.remove(waiter)
+        for lease_id in waiter.victims:
+            lease = self.store.get(lease_id)
+            if lease is not None and lease.state == "preempting":
+                self.store.update(replace(lease, state="active", preempt_deadline=None))
+                self.bus.publish("preemption_cancelled", lease=lease_id, request=waiter.id)
+
+    def process_queue(self) -> None:
+        """Grant waiting requests that now fit, highest effective priority first."""
+        from topod.alloc.policy import effective_priority
+
+        now = self.clock()
+        order = sorted(self.waiters, key=lambda w: -effective_priority(
+            getattr(w.request, "priority", 0), now - w.enqueued, self.settings.get("aging_seconds", 60.0),
+            self.settings.get("max_aging_boost", 10.0)))
+        for waiter in order:
+            if waiter.future.done():
+                continue
+            try:
+                decision = self.decide(waiter.request, waited=now - waiter.enqueued)
+            except AllocationError:
+                continue
+            lease = self.grant(waiter.request, decision, waiter.service, waiter.caller)
+            waiter.victims = ()
+            waiter.future.set_result(lease)
+
+    def _maybe_preempt(self, waiter: Waiter) -> None:
+        from topod.alloc.policy import plan_preemption
+
+        victims = plan_preemption(self.topology, self.distances, self.free_state(), waiter.request,
+                                  [lease for lease in self.store.all() if lease.state == "active"])
+        if not victims:
+            return
+        deadline = self.clock() + float(self.settings.get("preemption_grace_seconds", 300.0))
+        for lease in victims:
+            self.store.update(replace(lease, state="preempting", preempt_deadline=deadline))
+            self.bus.publish("preemption_requested", lease=lease.id, deadline=deadline, request=waiter.id,
+                             gpus=list(lease.gpus), uid=lease.owner_uid)
+        waiter.victims = tuple(lease.id for lease in victims)
+
+    # -- ending leases --------------------------------------------------------
+    def get(self, lease_id: str, caller: Caller | None = None) -> Lease:
+        lease = self.store.get(lease_id)
+        if lease is None:
+            raise LeaseNotFoundError(f"no lease {lease_id}")
+        return lease
+
+    def release(self, lease_id: str, caller: Caller) -> Lease:
+        lease = self.get(lease_id)
+        if not (caller.is_admin or caller.uid == lease.owner_uid):
+            raise PermissionDeniedError(f"lease {lease_id} belongs to uid {lease.owner_uid}")
+        return self._end(lease, "lease_released", reason="released")
+
+    def revoke(self, lease_id: str, caller: Caller, reason: str = "revoked by admin") -> Lease:
+        if not caller.is_admin:
+            raise PermissionDeniedError("revoking a lease is root-only")
+        return self._end(self.get(lease_id), "lease_revoked", reason=reason)
+
+    def renew(self, lease_id: str, caller: Caller, ttl_seconds: Any) -> Lease:
+        lease = self.get(lease_id)
+        if not (caller.is_admin or caller.uid == lease.owner_uid):
+            raise PermissionDeniedError(f"lease {lease_id} belongs to uid {lease.owner_uid}")
+        ttl = lease.ttl_seconds if ttl_seconds is None else ttl_seconds
+        if ttl is None:
+            raise _invalid("ttl_seconds: this lease has no ttl; give one to renew")
+        if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or ttl <= 0:
+            raise _invalid("ttl_seconds: expected a positive number of seconds")
+        ttl = min(float(ttl), float(self.settings.get("renew_max_ttl_seconds", 7 * 86400)))
+        renewed = replace(lease, expires=self.clock() + ttl, ttl_seconds=ttl)
+        self.store.update(renewed)
+        self.bus.publish("lease_renewed", lease=lease_id, expires=renewed.expires)
+        return renewed
+
+    def _end(self, lease: Lease, event: str, reason: str) -> Lease:
+        self.store.remove(lease.id)
+        self.owner_watch.unwatch(lease.id)
+        self.bus.publish(event, lease=lease.id, gpus=list(lease.gpus), reason=reason, uid=lease.owner_uid)
+        self.process_queue()
+        return lease
+
+    def _owner_exited(self, lease_id: str) -> None:
+        lease = self.store.get(lease_id)
+        if lease is not None:
+            self._end(lease, "lease_released", reason=f"owner process {lease.owner_pid} exited")
+
+    def reap(self) -> list[Lease]:
+        """End expired leases, leases whose owner died, and preemptions past their deadline."""
+        now = self.clock()
+        ended = []
+        for lease in self.store.all():
+            if lease.expires is not None and lease.expires <= now:
+                ended.append(self._end(lease, "lease_released", reason="ttl expired"))
+            elif lease.owner_pid and not _owner_alive(lease):
+                ended.append(self._end(lease, "lease_released", reason=f"owner process {lease.owner_pid} exited"))
+            elif lease.state == "preempting" and lease.preempt_deadline is not None and lease.preempt_deadline <= now:
+                ended.append(self._end(lease, "lease_revoked", reason="preemption grace period over"))
+        return ended
+
+    def recover(self) -> int:
+        """At start: every acknowledged lease is back; dead owners' and expired ones end."""
+        ended = self.reap()
+        for lease in self.store.all():
+            if lease.owner_pid:
+                self.owner_watch.watch(lease.id, lease.owner_pid)
+        return len(ended)
+
+    def _count(self, result: str) -> None:
+        self.results[result] = self.results.get(result, 0) + 1
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        import psutil
+
+        return psutil.pid_exists(pid)
+    except ImportError:  # pragma: no cover - psutil is a dependency
+        return True
+
+
+def _owner_alive(lease: Lease) -> bool:
+    if not _process_exists(lease.owner_pid):
+        return False
+    recorded = lease.decision.get("owner_start_time")
+    current = process_start_time(lease.owner_pid)
+    # A recycled pid has another start time: the owner is gone.
+    return recorded is None or current is None or abs(recorded - current) < 1.0

@@ -1,0 +1,189 @@
+"""The TOML configuration: one file, validated at load, unknown keys rejected by path.
+
+Every key, its type and default is declared in SCHEMA below; etc/topod.toml documents
+them for operators. A reload that fails validation keeps the running Config.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from topod.cpulist import parse_cpulist
+from topod.errors import ConfigError
+
+# section -> key -> (type, default). Types: bool, int, float, str, "cpulist", list, dict.
+SCHEMA: dict[str, dict[str, tuple[object, object]]] = {
+    "daemon": {
+        "socket": (str, "/run/topod/topod.sock"),
+        "state_dir": (str, "/var/lib/topod"),
+        "root": (str, "/"),
+        "group": (str, "topod"),
+        "socket_mode": (str, "0660"),
+        "rescan_interval_seconds": (float, 300.0),
+    },
+    "alloc": {
+        "reserved_cpus": ("cpulist", ""),
+        "reserved_cpus_per_node": (int, 0),
+        "default_level": (str, "good"),
+        "aging_seconds": (float, 60.0),
+        "max_aging_boost": (float, 10.0),
+        "preemption_grace_seconds": (float, 300.0),
+        "backpressure_tolerance": (float, 0.1),
+        "max_wait_seconds": (float, 3600.0),
+        "max_queue": (int, 256),
+        "renew_max_ttl_seconds": (float, 7 * 24 * 3600.0),
+    },
+    "irq": {
+        "mode": (str, "continuous"),
+        "interval_seconds": (float, 10.0),
+        "banned_cpus": ("cpulist", ""),
+        "housekeeping_cpus": ("cpulist", ""),
+        "irqbalance": (str, "yield"),
+        "policy": (dict, {}),
+        "irq_overrides": (dict, {}),
+        "device_overrides": (dict, {}),
+        "min_gain": (float, 0.2),
+        "cooldown_seconds": (float, 60.0),
+    },
+    "probe": {
+        "enabled": (bool, True),
+        "backend": (str, "host-memory"),
+        "min_interval_seconds": (float, 30.0),
+        "max_interval_seconds": (float, 3600.0),
+        "budget_share": (float, 0.01),
+        "probe_leased_gpus": (bool, False),
+        "simulated_table": (str, ""),
+    },
+    "watchdog": {
+        "loop_deadline_seconds": (float, 60.0),
+    },
+    "export": {
+        "nccl_topology_file": (str, "/var/run/nvidia-topologyd/virtualTopology.xml"),
+        "write_nccl_topology": (bool, False),
+        "metrics_tcp": (str, ""),
+    },
+    "cluster": {},  # free-form locality labels: rack = "r12", leaf = "leaf-3", ...
+    "log": {
+        "level": (str, "info"),
+        "format": (str, "auto"),
+    },
+}
+
+CHOICES = {
+    ("alloc", "default_level"): ("best", "good", "any"),
+    ("irq", "mode"): ("continuous", "dry-run", "off"),
+    ("irq", "irqbalance"): ("yield", "ban"),
+    ("log", "level"): ("debug", "info", "warning", "error"),
+    ("log", "format"): ("auto", "console", "json", "journal"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    values: dict[str, dict[str, Any]]
+    source: str | None = None
+
+    def get(self, section: str, key: str) -> Any:
+        return self.values[section][key]
+
+    def section(self, name: str) -> dict[str, Any]:
+        return dict(self.values[name])
+
+    def with_overrides(self, **daemon: Any) -> Config:
+        values = {name: dict(section) for name, section in self.values.items()}
+        for key, value in daemon.items():
+            if value is not None:
+                values["daemon"][key] = value
+        return Config(values, self.source)
+
+
+def defaults() -> Config:
+    return Config({section: {k: _copy(d) for k, (_, d) in keys.items()} for section, keys in SCHEMA.items()})
+
+
+def _copy(value: object) -> object:
+    return dict(value) if isinstance(value, dict) else list(value) if isinstance(value, list) else value
+
+
+def parse_config(text: str, source: str | None = None) -> Config:
+    try:
+        document = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source or 'config'}: not valid TOML: {exc}") from exc
+    config = defaults()
+    for section, table in document.items():
+        if section not in SCHEMA:
+            raise ConfigError(f"{section}: unknown section (known: {', '.join(SCHEMA)})")
+        if not isinstance(table, dict):
+            raise ConfigError(f"{section}: expected a table")
+        if section == "cluster":
+            config.values["cluster"] = _cluster_labels(table)
+            continue
+        for key, value in table.items():
+            config.values[section][key] = _validate(section, key, value)
+    return Config(config.values, source)
+
+
+def load_config(path: str | None) -> Config:
+    """Defaults when path is None; ConfigError naming the file and key otherwise."""
+    if path is None:
+        return defaults()
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
+    return parse_config(text, path)
+
+
+def _validate(section: str, key: str, value: Any) -> Any:
+    where = f"{section}.{key}"
+    if key not in SCHEMA[section]:
+        raise ConfigError(f"{where}: unknown key (known: {', '.join(SCHEMA[section])})")
+    kind, _ = SCHEMA[section][key]
+    if kind == "cpulist":
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a CPU list string like \"0-3,8\"")
+        try:
+            parse_cpulist(value)
+        except ValueError as exc:
+            raise ConfigError(f"{where}: {exc}") from exc
+    elif kind is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}: expected a number, got {type(value).__name__}")
+        if value < 0:
+            raise ConfigError(f"{where}: must not be negative")
+        value = float(value)
+    elif kind is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: expected an integer, got {type(value).__name__}")
+        if value < 0:
+            raise ConfigError(f"{where}: must not be negative")
+    elif not isinstance(value, kind):  # type: ignore[arg-type]
+        raise ConfigError(f"{where}: expected {kind.__name__}, got {type(value).__name__}")  # type: ignore[union-attr]
+    choices = CHOICES.get((section, key))
+    if choices and value not in choices:
+        raise ConfigError(f"{where}: {value!r} is not one of {', '.join(choices)}")
+    if (section, key) == ("daemon", "socket_mode"):
+        try:
+            int(value, 8)
+        except ValueError as exc:
+            raise ConfigError(f"{where}: expected an octal mode like \"0660\"") from exc
+    return value
+
+
+def _cluster_labels(table: dict[str, Any]) -> dict[str, str]:
+    labels = {}
+    for key, value in table.items():
+        if not isinstance(value, str):
+            raise ConfigError(f"cluster.{key}: expected a string label")
+        if not key.replace("-", "").replace("_", "").replace(".", "").isalnum() or len(key) > 63:
+            raise ConfigError(f"cluster.{key}: label keys are letters, digits, '-', '_' and '.' (at most 63)")
+        labels[key] = value
+    return labels
+
+
+def cpus(config: Config, section: str, key: str) -> list[int]:
+    return parse_cpulist(config.get(section, key))

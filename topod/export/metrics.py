@@ -1,0 +1,202 @@
+"""Prometheus exposition text from a snapshot of the daemon's state.
+
+The daemon owns the numbers; this module only turns one snapshot dict into text, with a
+fresh CollectorRegistry per render, so there is no global state and no metric can go
+stale between scrapes. Every section of the snapshot is optional: a missing section
+means its metrics are left out (never reported as zero). The snapshot's shape:
+
+    {
+      "build": {"version": "0.1.0"},                        # topod_build_info
+      "gpus_by_state": {"free": 6, "leased": 2},            # topod_gpus{state}
+      "leases": [{"id": "l-1", "gpus": 2, "satisfaction": 1.0}],
+      "decision_latency": {"buckets": {0.001: 3, 0.01: 9}, "sum": 0.04, "count": 10},
+      "requests_by_result": {"granted": 9, "denied": 1},     # counters, since start
+      "irq_moves": 42,                                       # counter, since start
+      "cpu_interrupt_rates": {0: 1200.0, 1: 3.5},            # per second, last cycle
+      "link_bandwidth": [{"src": "GPU0", "dst": "GPU1", "bytes_per_second": 2.1e10}],
+      "probe": {"duration_seconds": 0.8, "last_timestamp_seconds": 1.7e9},
+    }
+
+decision_latency buckets are per-bucket counts (not cumulative); LatencyHistogram
+keeps them for the daemon.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+PREFIX = "topod_"
+DEFAULT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+
+
+@dataclass(slots=True)
+class LatencyHistogram:
+    """Decision latencies, bucketed as they are observed (the daemon keeps one)."""
+
+    bounds: tuple[float, ...] = DEFAULT_BUCKETS
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+
+    def __post_init__(self) -> None:
+        if list(self.bounds) != sorted(set(self.bounds)) or not self.bounds:
+            raise ValueError("LatencyHistogram: bounds must be distinct and increasing")
+        self.counts = [0] * (len(self.bounds) + 1)  # the last one is +Inf
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, seconds)] += 1
+        self.total += seconds
+
+    def to_snapshot(self) -> dict[str, object]:
+        buckets: dict[float, int] = dict(zip(self.bounds, self.counts))
+        buckets[math.inf] = self.counts[-1]
+        return {"buckets": buckets, "sum": self.total, "count": sum(self.counts)}
+
+
+def render_metrics(snapshot: Mapping[str, Any]) -> str:
+    """The text exposition format (version 0.0.4) of one snapshot."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_SnapshotCollector(snapshot))
+    return generate_latest(registry).decode("utf-8")
+
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class _SnapshotCollector:
+    def __init__(self, snapshot: Mapping[str, Any]) -> None:
+        unknown = set(snapshot) - set(_SECTIONS)
+        if unknown:
+            raise ValueError(f"metrics snapshot: unknown sections {sorted(unknown)}")
+        self.snapshot = snapshot
+
+    def collect(self) -> Iterator[object]:
+        for key, builder in _SECTIONS.items():
+            value = self.snapshot.get(key)
+            if value is not None:
+                yield from builder(value)
+
+
+def _number(where: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"metrics snapshot: {where} must be a number, got {value!r}")
+    return float(value)
+
+
+def _build(value: Mapping[str, object]) -> Iterator[object]:
+    from prometheus_client.core import InfoMetricFamily
+
+    yield InfoMetricFamily(PREFIX + "build", "topod build information", value={k: str(v) for k, v in value.items()})
+
+
+def _gpus(value: Mapping[str, object]) -> Iterator[object]:
+    from prometheus_client.core import GaugeMetricFamily
+
+    family = GaugeMetricFamily(PREFIX + "gpus", "GPUs by state", labels=["state"])
+    for state, count in sorted(value.items()):
+        family.add_metric([str(state)], _number(f"gpus_by_state.{state}", count))
+    yield family
+
+
+def _leases(value: list[Mapping[str, object]]) -> Iterator[object]:
+    from prometheus_client.core import GaugeMetricFamily
+
+    yield GaugeMetricFamily(PREFIX + "leases_active", "active GPU leases", value=len(value))
+    gpus = GaugeMetricFamily(PREFIX + "lease_gpus", "GPUs held by each active lease", labels=["lease"])
+    satisfaction = GaugeMetricFamily(
+        PREFIX + "lease_topology_satisfaction_ratio",
+        "share of local (same NUMA node) links among each lease's GPU pairs; 1 for one GPU",
+        labels=["lease"],
+    )
+    for lease in value:
+        lease_id = str(lease["id"])
+        gpus.add_metric([lease_id], _number(f"leases[{lease_id}].gpus", lease.get("gpus", 0)))
+        if lease.get("satisfaction") is not None:
+            ratio = _number(f"leases[{lease_id}].satisfaction", lease["satisfaction"])
+            if not 0.0 <= ratio <= 1.0:
+                raise ValueError(f"metrics snapshot: leases[{lease_id}].satisfaction {ratio} is outside 0..1")
+            satisfaction.add_metric([lease_id], ratio)
+    yield gpus
+    yield satisfaction
+
+
+def _latency(value: Mapping[str, Any]) -> Iterator[object]:
+    from prometheus_client.core import HistogramMetricFamily
+
+    buckets = sorted((float(bound), int(count)) for bound, count in value["buckets"].items())
+    if not buckets or buckets[-1][0] != math.inf:
+        buckets.append((math.inf, 0))
+    cumulative, running = [], 0
+    for bound, count in buckets:
+        running += count
+        cumulative.append(("+Inf" if bound == math.inf else repr(bound), running))
+    if running != int(value.get("count", running)):
+        raise ValueError(f"metrics snapshot: decision_latency count {value['count']} != bucket total {running}")
+    family = HistogramMetricFamily(PREFIX + "allocation_decision_seconds", "time to compute one allocation decision")
+    family.add_metric([], cumulative, sum_value=_number("decision_latency.sum", value.get("sum", 0.0)))
+    yield family
+
+
+def _requests(value: Mapping[str, object]) -> Iterator[object]:
+    from prometheus_client.core import CounterMetricFamily
+
+    family = CounterMetricFamily(PREFIX + "allocation_requests", "allocation requests by result", labels=["result"])
+    for result, count in sorted(value.items()):
+        family.add_metric([str(result)], _number(f"requests_by_result.{result}", count))
+    yield family
+
+
+def _irq_moves(value: object) -> Iterator[object]:
+    from prometheus_client.core import CounterMetricFamily
+
+    yield CounterMetricFamily(PREFIX + "irq_moves", "IRQ affinity changes written", value=_number("irq_moves", value))
+
+
+def _cpu_rates(value: Mapping[object, object]) -> Iterator[object]:
+    from prometheus_client.core import GaugeMetricFamily
+
+    family = GaugeMetricFamily(PREFIX + "cpu_interrupts_per_second", "hardware interrupts per second, last cycle",
+                               labels=["cpu"])
+    for cpu, rate in sorted(value.items(), key=lambda item: int(item[0])):  # type: ignore[arg-type]
+        family.add_metric([str(cpu)], _number(f"cpu_interrupt_rates.{cpu}", rate))
+    yield family
+
+
+def _bandwidth(value: list[Mapping[str, object]]) -> Iterator[object]:
+    from prometheus_client.core import GaugeMetricFamily
+
+    family = GaugeMetricFamily(PREFIX + "link_bandwidth_bytes_per_second", "measured transfer rate of a probed path",
+                               labels=["src", "dst"])
+    for row in value:
+        where = f"link_bandwidth[{row.get('src')}->{row.get('dst')}]"
+        family.add_metric([str(row["src"]), str(row["dst"])], _number(where, row["bytes_per_second"]))
+    yield family
+
+
+def _probe(value: Mapping[str, object]) -> Iterator[object]:
+    from prometheus_client.core import GaugeMetricFamily
+
+    if "duration_seconds" in value:
+        yield GaugeMetricFamily(PREFIX + "probe_duration_seconds", "wall time of the last link probe cycle",
+                                value=_number("probe.duration_seconds", value["duration_seconds"]))
+    if "last_timestamp_seconds" in value:
+        yield GaugeMetricFamily(PREFIX + "probe_last_timestamp_seconds", "when the last probe cycle ended (Unix time)",
+                                value=_number("probe.last_timestamp_seconds", value["last_timestamp_seconds"]))
+
+
+_SECTIONS = {
+    "build": _build,
+    "gpus_by_state": _gpus,
+    "leases": _leases,
+    "decision_latency": _latency,
+    "requests_by_result": _requests,
+    "irq_moves": _irq_moves,
+    "cpu_interrupt_rates": _cpu_rates,
+    "link_bandwidth": _bandwidth,
+    "probe": _probe,
+}

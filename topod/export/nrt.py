@@ -1,0 +1,203 @@
+"""Kubernetes NodeResourceTopology (topology.node.k8s.io/v1alpha2) from the host model.
+
+One zone per NUMA node (type "Node", name "node-<id>"), `costs` from the SLIT row,
+`resources` for cpu, memory and GPUs, and `attributes` for what NRT has no field for:
+NVLink/NVSwitch islands, PCIe switch groups, each GPU's level to every other GPU, and
+the cluster labels (rack, leaf). The scheduler-plugins NodeResourceTopologyMatch plugin
+reads the zones and the top-level `topologyManagerPolicy`/`topologyManagerScope`
+attributes; those must mirror the kubelet's own settings, so they are inputs, and the
+defaults are the kubelet's defaults (policy none, scope container).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from topod.cpulist import format_cpulist
+from topod.distance import DistanceModel
+from topod.errors import ConfigError
+from topod.model import Gpu, NumaNode, Topology
+
+API_VERSION = "topology.node.k8s.io/v1alpha2"
+KIND = "NodeResourceTopology"
+ATTR_PREFIX = "topod.io/"
+POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
+SCOPES = ("container", "pod")
+# The deprecated v1alpha2 `topologyPolicies` enum, still read by older scheduler plugins.
+_LEGACY_POLICY = {
+    ("none", "container"): "None",
+    ("none", "pod"): "None",
+    ("best-effort", "container"): "BestEffortContainerLevel",
+    ("best-effort", "pod"): "BestEffortPodLevel",
+    ("restricted", "container"): "RestrictedContainerLevel",
+    ("restricted", "pod"): "RestrictedPodLevel",
+    ("single-numa-node", "container"): "SingleNUMANodeContainerLevel",
+    ("single-numa-node", "pod"): "SingleNUMANodePodLevel",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class NrtSettings:
+    """What the exporter cannot discover: the kubelet's policy and the resource name."""
+
+    topology_manager_policy: str = "none"
+    topology_manager_scope: str = "container"
+    gpu_resource: str = "nvidia.com/gpu"
+
+    def __post_init__(self) -> None:
+        if self.topology_manager_policy not in POLICIES:
+            raise ConfigError(
+                f"export.nrt.topology_manager_policy: {self.topology_manager_policy!r} is not one of "
+                f"{', '.join(POLICIES)} (copy the kubelet's --topology-manager-policy)"
+            )
+        if self.topology_manager_scope not in SCOPES:
+            raise ConfigError(
+                f"export.nrt.topology_manager_scope: {self.topology_manager_scope!r} is not one of "
+                f"{', '.join(SCOPES)} (copy the kubelet's --topology-manager-scope)"
+            )
+        if "/" not in self.gpu_resource:
+            raise ConfigError(
+                f"export.nrt.gpu_resource: {self.gpu_resource!r} is not an extended resource name "
+                "(expected vendor/name, e.g. nvidia.com/gpu)"
+            )
+
+
+def build_nrt(
+    topology: Topology,
+    node_name: str,
+    *,
+    leased_gpus: Iterable[int] = (),
+    leased_cpus: Iterable[int] = (),
+    reserved_cpus: Iterable[int] = (),
+    reserved_memory: Mapping[int, int] | None = None,
+    labels: Mapping[str, str] | None = None,
+    settings: NrtSettings | None = None,
+    distances: DistanceModel | None = None,
+) -> dict[str, object]:
+    """The NodeResourceTopology object for this host, ready to serialise as YAML or JSON."""
+    if not node_name:
+        raise ConfigError("export nrt: a node name is required (the Kubernetes Node's name)")
+    settings = settings or NrtSettings()
+    model = distances or DistanceModel(topology)
+    leased_gpu_set = set(leased_gpus)
+    unknown = sorted(leased_gpu_set - {gpu.index for gpu in topology.gpus})
+    if unknown:
+        raise ConfigError(f"export nrt: leased GPUs {unknown} are not on this host")
+    withheld = set(reserved_cpus) | set(topology.isolated_cpus)
+    leased = set(leased_cpus)
+    zones = [
+        _zone(topology, node, model, settings, withheld, leased, leased_gpu_set, reserved_memory or {})
+        for node in sorted(topology.numa_nodes, key=lambda n: n.id)
+    ]
+    policy, scope = settings.topology_manager_policy, settings.topology_manager_scope
+    attributes = [
+        _attr("topologyManagerPolicy", policy),
+        _attr("topologyManagerScope", scope),
+        *_host_attributes(topology, labels or {}),
+    ]
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": node_name},
+        "topologyPolicies": [_LEGACY_POLICY[(policy, scope)]],
+        "attributes": attributes,
+        "zones": zones,
+    }
+
+
+def zone_name(node_id: int) -> str:
+    return f"node-{node_id}"
+
+
+def _zone(
+    topology: Topology,
+    node: NumaNode,
+    model: DistanceModel,
+    settings: NrtSettings,
+    withheld: set[int],
+    leased: set[int],
+    leased_gpus: set[int],
+    reserved_memory: Mapping[int, int],
+) -> dict[str, object]:
+    cpus = set(node.cpus)
+    allocatable = cpus - withheld
+    resources = [_resource("cpu", len(cpus), len(allocatable), len(allocatable - leased))]
+    if node.memory_bytes is not None:
+        # topod leases no memory, so available is what the kubelet may hand out.
+        free = max(0, node.memory_bytes - reserved_memory.get(node.id, 0))
+        resources.append(_resource("memory", node.memory_bytes, free, free))
+    gpus = [gpu for gpu in topology.gpus if gpu.numa_node == node.id]
+    if gpus:
+        free_gpus = sum(1 for gpu in gpus if gpu.index not in leased_gpus)
+        resources.append(_resource(settings.gpu_resource, len(gpus), len(gpus), free_gpus))
+    zone: dict[str, object] = {
+        "name": zone_name(node.id),
+        "type": "Node",
+        "costs": [{"name": zone_name(other), "value": int(cost)} for other, cost in sorted(node.distances.items())],
+        "resources": resources,
+    }
+    attributes = _zone_attributes(topology, node, model, gpus, withheld & cpus)
+    if attributes:
+        zone["attributes"] = attributes
+    return zone
+
+
+def _resource(name: str, capacity: int, allocatable: int, available: int) -> dict[str, object]:
+    return {"name": name, "capacity": capacity, "allocatable": allocatable, "available": available}
+
+
+def _attr(name: str, value: str) -> dict[str, str]:
+    return {"name": name, "value": value}
+
+
+def _zone_attributes(
+    topology: Topology, node: NumaNode, model: DistanceModel, gpus: list[Gpu], withheld: set[int]
+) -> list[dict[str, str]]:
+    attributes: list[dict[str, str]] = []
+    if not node.has_cpus:
+        attributes.append(_attr(ATTR_PREFIX + "memory-only", "true"))
+    if withheld:
+        attributes.append(_attr(ATTR_PREFIX + "withheld-cpus", format_cpulist(sorted(withheld))))
+    if gpus:
+        attributes.append(_attr(ATTR_PREFIX + "gpus", ",".join(str(g.index) for g in gpus)))
+    order = [gpu.index for gpu in topology.gpus]
+    for gpu in gpus:
+        levels = ",".join(model.gpus(gpu.index, other).label for other in order)
+        attributes.append(_attr(f"{ATTR_PREFIX}gpu{gpu.index}-bus", gpu.address))
+        attributes.append(_attr(f"{ATTR_PREFIX}gpu{gpu.index}-levels", levels))
+    return attributes
+
+
+def _host_attributes(topology: Topology, labels: Mapping[str, str]) -> list[dict[str, str]]:
+    attributes = [_attr(f"{ATTR_PREFIX}cluster.{key}", value) for key, value in sorted(labels.items())]
+    fabric = topology.nvlink
+    if topology.gpus:
+        attributes.append(_attr(ATTR_PREFIX + "gpu-order", ",".join(str(g.index) for g in topology.gpus)))
+        attributes.append(_attr(ATTR_PREFIX + "nvlink-source", fabric.source))
+    if fabric.islands:
+        islands = ";".join(format_cpulist(list(island)) for island in fabric.islands)
+        attributes.append(_attr(ATTR_PREFIX + "nvswitch-islands", islands))
+        links = ",".join(f"{g}:{fabric.island_links.get(g, 0)}" for island in fabric.islands for g in island)
+        attributes.append(_attr(ATTR_PREFIX + "nvswitch-links", links))
+    if fabric.pairs:
+        pairs = ",".join(f"{a}-{b}:{n}" for (a, b), n in sorted(fabric.pairs.items()))
+        attributes.append(_attr(ATTR_PREFIX + "nvlink-pairs", pairs))
+    groups = pcie_switch_groups(topology)
+    if groups:
+        attributes.append(_attr(ATTR_PREFIX + "pcie-switch-groups", ";".join(",".join(map(str, g)) for g in groups)))
+    homeless = [gpu.index for gpu in topology.gpus if gpu.numa_node is None or topology.node(gpu.numa_node) is None]
+    if homeless:
+        # A GPU with no known NUMA node fits no zone; say so rather than guess one.
+        attributes.append(_attr(ATTR_PREFIX + "gpus-without-zone", ",".join(map(str, homeless))))
+    return attributes
+
+
+def pcie_switch_groups(topology: Topology) -> list[list[int]]:
+    """GPU indices grouped by the PCIe switch above them (GPUs under no switch are left out)."""
+    groups: dict[str, list[int]] = {}
+    for gpu in topology.gpus:
+        device = topology.device(gpu.address)
+        if device is not None and device.switch is not None:
+            groups.setdefault(device.switch, []).append(gpu.index)
+    return [sorted(members) for _, members in sorted(groups.items())]

@@ -1,0 +1,83 @@
+"""The only code that writes /proc/irq: one plan entry at a time, errors classified.
+
+Like irqbalance's activate.c it writes only when the value differs, and every errno gets
+a class: EIO/EPERM mean the kernel will never take it (a managed IRQ, or one the chip
+cannot move) -> permanent; ENOSPC means the CPU has no vector left -> try the next
+candidate CPU; EBUSY/EAGAIN/EINVAL/ENOMEM (and anything unknown) -> transient, retried
+on later cycles with backoff. After a write the effective affinity is read back.
+"""
+
+from __future__ import annotations
+
+import errno
+from dataclasses import dataclass
+
+from topod.cpulist import format_cpulist
+from topod.errors import HostWriteError
+from topod.host import HostRoot
+from topod.irq.planner import PlanEntry
+from topod.irq.procfs import read_affinity
+
+PERMANENT_ERRNOS = frozenset({errno.EIO, errno.EPERM})
+NEXT_CPU_ERRNOS = frozenset({errno.ENOSPC})
+
+# Outcome statuses.
+MOVED = "moved"  # written, and the effective affinity is inside what was written
+PENDING = "pending"  # written; the kernel has not moved it yet (it does at the next interrupt)
+PERMANENT = "permanent"
+TRANSIENT = "transient"
+
+
+@dataclass(frozen=True, slots=True)
+class WriteOutcome:
+    irq: int
+    status: str
+    written: tuple[int, ...] | None  # what the kernel accepted, None when nothing was
+    effective: tuple[int, ...] | None  # read back after the attempt
+    errno: int | None = None
+    message: str = ""
+
+    @property
+    def changed(self) -> bool:
+        return self.status in (MOVED, PENDING)
+
+    @property
+    def errno_name(self) -> str | None:
+        return None if self.errno is None else errno.errorcode.get(self.errno, str(self.errno))
+
+
+def affinity_path(irq: int) -> str:
+    return f"proc/irq/{irq}/smp_affinity_list"
+
+
+def apply_entry(host: HostRoot, entry: PlanEntry) -> WriteOutcome | None:
+    """Carry out one entry; None when there is nothing to write."""
+    if not entry.changes or entry.planned is None:
+        return None
+    targets = [entry.planned] + [(cpu,) for cpu in entry.alternatives]
+    refused: list[str] = []
+    for target in targets:
+        try:
+            host.write(affinity_path(entry.irq), format_cpulist(target) + "\n")
+        except HostWriteError as exc:
+            effective = read_affinity(host, entry.irq).delivered
+            if exc.errno in PERMANENT_ERRNOS:
+                return WriteOutcome(entry.irq, PERMANENT, None, effective, exc.errno,
+                                    f"kernel refused {format_cpulist(target)}: {errno.errorcode.get(exc.errno)}")
+            if exc.errno in NEXT_CPU_ERRNOS:
+                refused.append(format_cpulist(target))
+                continue
+            return WriteOutcome(entry.irq, TRANSIENT, None, effective, exc.errno,
+                                f"kernel answered {errno.errorcode.get(exc.errno, exc.errno)} for "
+                                f"{format_cpulist(target)}; retried later")
+        effective = read_affinity(host, entry.irq).effective
+        status = MOVED if effective is None or set(effective) <= set(target) else PENDING
+        note = "" if not refused else f"no vector space on CPU {', '.join(refused)}; "
+        if effective is None:
+            note += "kernel shows no effective_affinity_list; not confirmed"
+        elif status == PENDING:
+            note += f"effective affinity still {format_cpulist(effective)}; the kernel moves it at the next interrupt"
+        return WriteOutcome(entry.irq, status, target, effective, None, note)
+    effective = read_affinity(host, entry.irq).delivered
+    return WriteOutcome(entry.irq, TRANSIENT, None, effective, errno.ENOSPC,
+                        f"no vector space on any candidate CPU ({', '.join(refused)}); retried later")

@@ -1,0 +1,251 @@
+"""Readers for the /proc files the IRQ balancer needs: parsers take text, readers take a HostRoot.
+
+Each parser tolerates what real kernels print: the ERR/MIS lines, per-CPU-only lines
+(NMI, LOC, ...), lines without a name field, and old formats without a hwirq column.
+`measure_load` turns two snapshots into rates; a counter that went backwards or a
+changed CPU column count means "rescan", never a negative rate or a crash.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from topod.cpulist import parse_cpulist
+from topod.host import HostRoot
+
+# A hwirq column: '0-edge', '1048576-edge', '2-fasteoi', or a bare number on some chips.
+_HWIRQ = re.compile(r"^\d+(-[a-z]+)?$")
+# /proc/stat columns after the label: user nice system idle iowait irq softirq steal ...
+_STAT_IRQ, _STAT_SOFTIRQ = 5, 6
+# The softirqs a device's interrupts raise on the CPU that took them.
+DEVICE_SOFTIRQS = ("NET_TX", "NET_RX", "BLOCK", "IRQ_POLL", "TASKLET")
+
+
+@dataclass(frozen=True, slots=True)
+class InterruptLine:
+    irq: int
+    counts: tuple[int, ...]  # one per column of Interrupts.cpus
+    chip: str | None
+    hwirq: str | None
+    name: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Interrupts:
+    cpus: tuple[int, ...]  # the CPU of each count column (online CPUs, header order)
+    lines: dict[int, InterruptLine]
+
+
+@dataclass(frozen=True, slots=True)
+class IrqAffinity:
+    requested: tuple[int, ...] | None  # smp_affinity_list: what was asked for
+    effective: tuple[int, ...] | None  # effective_affinity_list: where the kernel delivers
+    node: int | None
+
+    @property
+    def delivered(self) -> tuple[int, ...] | None:
+        """Where interrupts go: effective when the kernel says, else requested."""
+        return self.effective or self.requested
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """One read of every counter the balancer uses, stamped with a monotonic time."""
+
+    time: float
+    interrupts: Interrupts
+    softirqs: dict[str, dict[int, int]]  # softirq name -> cpu -> count
+    cpu_irq_ticks: dict[int, int]  # cpu -> irq + softirq time from /proc/stat (USER_HZ ticks)
+    affinity: dict[int, IrqAffinity]
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """Rates between two snapshots. weight is the planner's unit: interrupts/s scaled by
+    the per-interrupt cost the CPU's irq+softirq time shows (or plain rates without it)."""
+
+    seconds: float
+    irq_rate: dict[int, float]  # irq -> interrupts/s, all CPUs
+    irq_cpu_rate: dict[int, dict[int, float]]  # irq -> cpu -> interrupts/s
+    cpu_busy: dict[int, float]  # cpu -> share of time in irq+softirq (0..1)
+    cpu_softirq_rate: dict[int, float] = field(default_factory=dict)  # cpu -> device softirqs/s
+    weight: dict[int, float] = field(default_factory=dict)  # irq -> load weight
+    unit: str = "interrupts/s"
+
+
+def parse_interrupts(text: str) -> Interrupts:
+    """/proc/interrupts text -> Interrupts. Raises ValueError when the header names no CPU."""
+    lines = text.splitlines()
+    header = lines[0].split() if lines else []
+    cpus = tuple(int(tok[3:]) for tok in header if tok.startswith("CPU") and tok[3:].isdigit())
+    if not cpus:
+        raise ValueError("/proc/interrupts: header names no CPU column")
+    table: dict[int, InterruptLine] = {}
+    width = len(cpus)
+    for line in lines[1:]:
+        label, sep, rest = line.partition(":")
+        label = label.strip()
+        if not sep or not label.isdigit():
+            continue  # NMI, LOC, ERR, MIS ...: per-CPU or global counters, not IRQs
+        tokens = rest.split()
+        counts: list[int] = []
+        for token in tokens[:width]:
+            if not token.isdigit():
+                break
+            counts.append(int(token))
+        tail = tokens[len(counts):]
+        counts.extend([0] * (width - len(counts)))  # a short line: missing columns count as 0
+        chip, hwirq, name = _split_tail(tail)
+        table[int(label)] = InterruptLine(int(label), tuple(counts), chip, hwirq, name)
+    return Interrupts(cpus, table)
+
+
+def _split_tail(tail: list[str]) -> tuple[str | None, str | None, str | None]:
+    """['IR-PCI-MSIX-0000:14:00.0', '0-edge', 'mlx5_comp0@pci:0000:14:00.0'] -> (chip, hwirq, name).
+    Chip names may hold spaces on some architectures; the hwirq column marks their end."""
+    if not tail:
+        return None, None, None
+    for index in range(1, len(tail)):
+        if _HWIRQ.match(tail[index]):
+            name = " ".join(tail[index + 1:]) or None
+            return " ".join(tail[:index]), tail[index], name
+    # Old kernels: 'PCI-MSI-edge eth0' (the trigger is part of the chip, no hwirq).
+    return tail[0], None, " ".join(tail[1:]) or None
+
+
+def parse_softirqs(text: str) -> dict[str, dict[int, int]]:
+    """/proc/softirqs -> {name: {cpu: count}}; lines that do not parse are skipped."""
+    lines = text.splitlines()
+    if not lines:
+        return {}
+    cpus = [int(tok[3:]) for tok in lines[0].split() if tok.startswith("CPU") and tok[3:].isdigit()]
+    table: dict[str, dict[int, int]] = {}
+    for line in lines[1:]:
+        label, sep, rest = line.partition(":")
+        values = rest.split()
+        if not sep or not all(v.isdigit() for v in values):
+            continue
+        table[label.strip()] = {cpu: int(v) for cpu, v in zip(cpus, values)}
+    return table
+
+
+def parse_stat_irq_ticks(text: str) -> dict[int, int]:
+    """/proc/stat -> {cpu: irq + softirq ticks}; CPUs whose line is short are skipped."""
+    ticks: dict[int, int] = {}
+    for line in text.splitlines():
+        fields = line.split()
+        if not fields or not fields[0].startswith("cpu") or not fields[0][3:].isdigit():
+            continue
+        values = fields[1:]
+        if len(values) <= _STAT_SOFTIRQ or not all(v.isdigit() for v in values[: _STAT_SOFTIRQ + 1]):
+            continue
+        ticks[int(fields[0][3:])] = int(values[_STAT_IRQ]) + int(values[_STAT_SOFTIRQ])
+    return ticks
+
+
+def parse_affinity(requested: str | None, effective: str | None, node: str | None) -> IrqAffinity:
+    return IrqAffinity(_cpus_or_none(requested), _cpus_or_none(effective), _int_or_none(node))
+
+
+def _cpus_or_none(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        cpus = parse_cpulist(text)
+    except ValueError:
+        return None
+    return tuple(cpus) or None
+
+
+def _int_or_none(text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        return int(text.strip())
+    except ValueError:
+        return None
+
+
+# ---------------------------------------------------------------- readers (HostRoot)
+
+
+def read_affinity(host: HostRoot, irq: int) -> IrqAffinity:
+    base = f"proc/irq/{irq}"
+    return parse_affinity(host.read(f"{base}/smp_affinity_list"), host.read(f"{base}/effective_affinity_list"),
+                          host.read(f"{base}/node"))
+
+
+def read_snapshot(host: HostRoot, now: float) -> Snapshot:
+    """Everything one cycle reads. A missing or unparsable /proc/interrupts gives an empty
+    table and a warning: the cycle then plans nothing rather than failing."""
+    warnings: list[str] = []
+    text = host.read("proc/interrupts")
+    try:
+        interrupts = parse_interrupts(text or "")
+    except ValueError as exc:
+        warnings.append(f"/proc/interrupts unreadable ({exc if text is not None else 'missing'}); no IRQ planned")
+        interrupts = Interrupts((), {})
+    softirqs = parse_softirqs(host.read("proc/softirqs") or "")
+    ticks = parse_stat_irq_ticks(host.read("proc/stat") or "")
+    affinity = {irq: read_affinity(host, irq) for irq in interrupts.lines}
+    return Snapshot(now, interrupts, softirqs, ticks, affinity, tuple(warnings))
+
+
+# ---------------------------------------------------------------- rates (pure)
+
+
+def measure_load(before: Snapshot | None, after: Snapshot, user_hz: int = 100) -> tuple[Load | None, str | None]:
+    """(Load, None), or (None, why there is no rate this cycle)."""
+    if before is None:
+        return None, "first cycle: no previous counters"
+    seconds = after.time - before.time
+    if seconds <= 0:
+        return None, "no time passed since the previous cycle"
+    if before.interrupts.cpus != after.interrupts.cpus:
+        return None, "CPU columns changed in /proc/interrupts (CPU hotplug): rescan, no rate this cycle"
+    irq_cpu_rate: dict[int, dict[int, float]] = {}
+    cpus = after.interrupts.cpus
+    for irq, line in after.interrupts.lines.items():
+        old = before.interrupts.lines.get(irq)
+        if old is None:
+            continue  # new IRQ: rate from the next cycle on
+        if any(new < prev for new, prev in zip(line.counts, old.counts)):
+            return None, f"IRQ {irq} counters went backwards (IRQ freed and reused): rescan, no rate this cycle"
+        irq_cpu_rate[irq] = {cpu: (new - prev) / seconds
+                             for cpu, new, prev in zip(cpus, line.counts, old.counts) if new != prev}
+    busy = {cpu: max(0.0, (ticks - before.cpu_irq_ticks.get(cpu, ticks)) / user_hz / seconds)
+            for cpu, ticks in after.cpu_irq_ticks.items()}
+    rates = {irq: sum(per_cpu.values()) for irq, per_cpu in irq_cpu_rate.items()}
+    weight, unit = _weights(irq_cpu_rate, busy)
+    return Load(seconds, rates, irq_cpu_rate, busy, _softirq_rates(before, after, seconds), weight, unit), None
+
+
+def _softirq_rates(before: Snapshot, after: Snapshot, seconds: float) -> dict[int, float]:
+    rates: dict[int, float] = {}
+    for name in DEVICE_SOFTIRQS:
+        old = before.softirqs.get(name, {})
+        for cpu, count in after.softirqs.get(name, {}).items():
+            delta = count - old.get(cpu, count)
+            if delta > 0:
+                rates[cpu] = rates.get(cpu, 0.0) + delta / seconds
+    return rates
+
+
+def _weights(irq_cpu_rate: dict[int, dict[int, float]], busy: dict[int, float]) -> tuple[dict[int, float], str]:
+    """Each IRQ's share of its CPUs' irq+softirq time, so a NIC queue whose interrupts each
+    raise a long NET_RX weighs more than a cheap one. Without measured time: plain rates."""
+    cpu_rate: dict[int, float] = {}
+    for per_cpu in irq_cpu_rate.values():
+        for cpu, rate in per_cpu.items():
+            cpu_rate[cpu] = cpu_rate.get(cpu, 0.0) + rate
+    if not any(busy.get(cpu, 0.0) > 0 for cpu in cpu_rate):
+        return {irq: sum(per_cpu.values()) for irq, per_cpu in irq_cpu_rate.items()}, "interrupts/s"
+    # CPUs that took interrupts but show no irq time (coarse ticks) get the mean cost.
+    costs = {cpu: busy.get(cpu, 0.0) / rate for cpu, rate in cpu_rate.items() if rate > 0}
+    measured = [c for c in costs.values() if c > 0]
+    mean = sum(measured) / len(measured) if measured else 0.0
+    weight = {irq: sum(rate * (costs.get(cpu) or mean) for cpu, rate in per_cpu.items())
+              for irq, per_cpu in irq_cpu_rate.items()}
+    return weight, "cpu-share"

@@ -1,0 +1,60 @@
+"""`topod`: the daemon's entry point (foreground; systemd runs it as Type=notify)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from topod import __version__
+from topod.errors import TopodError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="topod", description="topology daemon for GPU servers")
+    parser.add_argument("--version", action="version", version=f"topod {__version__}")
+    parser.add_argument("--root", default=None, help="host root (default / or [daemon] root)")
+    parser.add_argument("--config", default=None, help="TOML config file (default: built-in defaults)")
+    parser.add_argument("--socket", default=None, help="API socket path (default /run/topod/topod.sock)")
+    parser.add_argument("--state-dir", default=None, help="lease database directory (default /var/lib/topod)")
+    parser.add_argument("--check-config", metavar="FILE", default=None,
+                        help="validate FILE and exit (0 valid, 1 invalid)")
+    parser.add_argument("--log-format", choices=("auto", "console", "json", "journal"), default=None)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from topod.config import load_config
+
+    if args.check_config:
+        try:
+            load_config(args.check_config)
+        except TopodError as exc:
+            print(f"topod: {exc}", file=sys.stderr)
+            return 1
+        print(f"{args.check_config}: valid")
+        return 0
+    try:
+        config = load_config(args.config).with_overrides(
+            root=args.root, socket=args.socket, state_dir=args.state_dir)
+        from topod.service.logsetup import setup_logging
+
+        setup_logging(args.log_format or config.get("log", "format"), config.get("log", "level"))
+        from topod.service.daemon import Daemon
+
+        daemon = Daemon(config, config_path=args.config)
+        asyncio.run(daemon.run())
+    except TopodError as exc:
+        print(f"topod: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"topod: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
