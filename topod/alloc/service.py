@@ -129,7 +129,7 @@ class AllocationService:
         return {cpu for lease in self.store.all() for cpu in lease.cpus}
 
     def free_state(self):
-        from topod.alloc.engine import FreeState
+        from topod.alloc.request import FreeState
 
         leases = self.store.all()
         node_load: dict[int, float] = {}
@@ -190,6 +190,7 @@ class AllocationService:
             ttl_seconds=service.ttl_seconds,
             decision={**body, "owner_start_time": process_start_time(owner_pid) if owner_pid else None},
         )
+        lease = replace(lease, decision={**lease.decision, "environment": self.environment(lease)})
         self.store.add(lease)
         if owner_pid:
             self.owner_watch.watch(lease.id, owner_pid)
@@ -197,6 +198,26 @@ class AllocationService:
         self.bus.publish("lease_granted", lease=lease.id, gpus=list(lease.gpus), cpus=len(lease.cpus),
                          uid=lease.owner_uid, job=lease.job, level=body.get("level"))
         return lease
+
+    def environment(self, lease: Lease) -> dict[str, str]:
+        """What a job needs to use its lease: devices, CPUs, memory nodes."""
+        from topod.cpulist import format_cpulist
+
+        gpus = [self.topology.gpu(g) for g in lease.gpus]
+        uuids = [g.uuid for g in gpus if g is not None and g.uuid]
+        visible = uuids if len(uuids) == len(gpus) else [str(g) for g in lease.gpus]
+        picks = lease.decision.get("gpus", [])
+        return {
+            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+            "CUDA_VISIBLE_DEVICES": ",".join(visible),
+            "TOPOD_LEASE": lease.id,
+            "TOPOD_GPUS": ",".join(map(str, lease.gpus)),
+            "TOPOD_CPUS": format_cpulist(lease.cpus),
+            "TOPOD_MEMORY_NODES": ",".join(map(str, lease.memory_nodes)),
+            "TOPOD_GPU_CPUS": ";".join(f"{p['index']}:{format_cpulist(p['cpus'])}" for p in picks),
+            "TOPOD_GPU_NODES": ";".join(f"{p['index']}:{'' if p['numa_node'] is None else p['numa_node']}"
+                                        for p in picks),
+        }
 
     async def allocate(self, body: Any, caller: Caller) -> Lease:
         if not caller.may_allocate:

@@ -200,5 +200,6 @@ async def openapi(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     text = request.app["backend"].metrics_text()
-    return web.Response(text=text, content_type="text/plain", charset="utf-8",
-                        headers={"X-Content-Type-Options": "nosniff"})
+    response = web.Response(body=text.encode())
+    response.headers["Content-Type"] = "text/plain; version=0.0.4; charset=utf-8"
+    return response

@@ -1,0 +1,1 @@
+"""The daemon: asyncio loop, systemd integration, reload."""
