@@ -6,12 +6,41 @@ from __future__ import annotations
 
 import errno
 import json
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
 from topod.cpulist import parse_cpulist
+from topod.discover import discover
 from topod.host import HostRoot
+from topod.hostspec import build_host, load_builtin_spec
 from topod.irq.procfs import parse_interrupts
+from topod.model import Topology
+
+_BUILT: dict[str, tuple[Path, Topology]] = {}
+
+
+def built_host(factory, name: str, edit=None, key: str = "") -> tuple[Path, Topology]:
+    """A built-in host tree built once per session (optionally with its spec edited), and
+    its discovered Topology. Read-only: tests write to an irq_root() copy."""
+    cache_key = f"{name}/{key}"
+    if cache_key not in _BUILT:
+        spec = load_builtin_spec(name)
+        if edit is not None:
+            edit(spec)
+        root = build_host(spec, factory.mktemp(f"irq-{name}"))
+        _BUILT[cache_key] = (root, discover(HostRoot(root)))
+    return _BUILT[cache_key]
+
+
+def irq_root(built: Path, dest: Path) -> Path:
+    """A fresh writable copy of what the IRQ cycle reads and writes (proc/ and the builder's
+    facts). The whole tree is thousands of files; the cycle never reads sys/, discovery does,
+    and the Topology comes from built_host()."""
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(built / "proc", dest / "proc")
+    shutil.copy(built / "topod-fixture.json", dest / "topod-fixture.json")
+    return dest
 
 
 class Clock:

@@ -6,9 +6,7 @@ import pytest
 
 from topod.cli.doctor_cmd import EXIT_FINDINGS
 from topod.cli.topoctl import build_parser, main
-from topod.discover import discover
-from topod.doctor.fixtures import build_demo, well_placed_rank, write_process
-from topod.host import HostRoot
+from topod.doctor.fixtures import build_demo
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +22,7 @@ def test_doctor_finds_the_misplaced_rank_and_exits_nonzero(demo, capsys):
     out = capsys.readouterr().out
     assert "8 process(es) using GPUs" in out
     assert "ERROR   gpu_remote_cpu: pid 4130" in out and "fix:  taskset -a -pc" in out
-    assert out.count("ok: GPU, threads") == 7
+    assert out.count("ok: threads and memory") == 7
 
 
 def test_doctor_json_is_machine_readable(demo, capsys):
@@ -39,10 +37,8 @@ def test_doctor_json_is_machine_readable(demo, capsys):
     assert finding["code"] == "gpu_remote_cpu" and isinstance(finding["files_read"], list)
 
 
-def test_a_healthy_host_exits_zero(host_tree, capsys):
-    root = host_tree("h800-8gpu")
-    write_process(root, well_placed_rank(discover(HostRoot(root)), 4100, 0))
-    assert main(["doctor", "--root", str(root)]) == 0
+def test_a_healthy_rank_exits_zero(demo, capsys):
+    assert main(["doctor", "--root", str(demo), "--pid", "4100"]) == 0
     assert "healthy" in capsys.readouterr().out
 
 

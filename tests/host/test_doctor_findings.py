@@ -200,8 +200,8 @@ def test_gpus_spread_is_quiet_when_no_tighter_set_is_free(h800):
     assert "gpus_spread" not in codes(run(root, topology, leases=leases))
 
 
-def test_a_spread_lease_is_reported_once_for_all_its_ranks(host_tree):
-    root = host_tree("pcie-8gpu")
+def test_a_spread_lease_is_reported_once_for_all_its_ranks(tmp_path):
+    root = build_host(load_builtin_spec("pcie-8gpu"), tmp_path / "pcie-8gpu")
     topology = discover(HostRoot(root))
     write_process(root, well_placed_rank(topology, 4600, 0))
     write_process(root, well_placed_rank(topology, 4610, 4))
@@ -233,8 +233,9 @@ def test_siblings_split_with_another_lease_names_the_lease(h800):
     assert finding.evidence["other_jobs"] == ["lease L2 (bob)"]
 
 
-def test_isolated_cpus_read_from_sysfs_without_lease_data_is_a_note_and_stacked_threads_warn(host_tree):
-    root = host_tree("h800-8gpu")  # a full copy: this test writes sys/devices/system/cpu/isolated
+def test_isolated_cpus_read_from_sysfs_without_lease_data_is_a_note_and_stacked_threads_warn(tmp_path):
+    # Its own tree: this test writes sys/devices/system/cpu/isolated.
+    root = build_host(load_builtin_spec("h800-8gpu"), tmp_path / "h800-8gpu")
     isolated = [12, 13, 14, 15]
     set_isolated(root, isolated)
     topology = discover(HostRoot(root))

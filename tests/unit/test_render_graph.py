@@ -75,8 +75,12 @@ def test_every_gpu_is_a_member_of_the_nvswitch_fabric(h800):
     assert graph.edges_of("nvlink") == []  # no direct pairs on an NVSwitch host
 
 
-def test_every_nvlink_pair_is_an_edge_on_a_cube_mesh(topology_of):
-    topology = topology_of("dgx1-cubemesh")
+def test_every_nvlink_pair_is_an_edge_on_a_cube_mesh(tmp_path):
+    from topod.discover import discover
+    from topod.host import HostRoot
+    from topod.hostspec import build_host, load_builtin_spec
+
+    topology = discover(HostRoot(build_host(load_builtin_spec("dgx1-cubemesh"), tmp_path / "dgx1")))
     graph = build_graph(topology)
     edges = {(e.tail, e.head): e.label for e in graph.edges_of("nvlink")}
     assert len(edges) == len(topology.nvlink.pairs) == 16

@@ -61,7 +61,7 @@ class ServiceRequest:
     @classmethod
     def split(cls, body: Any) -> tuple[ServiceRequest, dict[str, Any]]:
         if not isinstance(body, dict):
-            raise AllocationError("request body must be a JSON object")
+            raise _invalid("request body must be a JSON object")
         engine_body = {k: v for k, v in body.items() if k not in SERVICE_FIELDS}
         ttl = body.get("ttl_seconds")
         owner = body.get("owner_pid")

@@ -174,10 +174,12 @@ def irqs_on_cores(job: Job, ctx: HostContext) -> list[Finding]:
             target = target or [c for c in node_cpus if c not in cores]
             origin = f"free CPUs of node {node}"
         irq_list = " ".join(str(line.irq) for line in lines)
-        fix = (f"for irq in {irq_list}; do echo {format_cpulist(target) or '<cpus>'} > /proc/irq/$irq/smp_affinity_list;"
-               f" done   # {origin}; keep irqbalance off these cores (IRQBALANCE_BANNED_CPULIST={format_cpulist(hit)})")
+        own = format_cpulist(sorted(cores))
+        fix = (f"for irq in {irq_list}; do echo {format_cpulist(target) or '<cpus>'} > "
+               f"/proc/irq/$irq/smp_affinity_list; done   # {origin}; keep irqbalance off the job's cores "
+               f"(IRQBALANCE_BANNED_CPULIST={own})")
         if lines[0].kind == "nvme":
-            fix += f"; if the write fails with EIO the vectors are kernel-managed: boot with isolcpus=managed_irq,{format_cpulist(sorted(cores))}"
+            fix += f"; if the write fails with EIO the vectors are kernel-managed: boot with isolcpus=managed_irq,{own}"
         files = [line.source for line in lines] + [f"/sys/bus/pci/devices/{address}/msi_irqs"]
         if ctx.rates_known:
             files.append("/proc/interrupts")
@@ -186,8 +188,8 @@ def irqs_on_cores(job: Job, ctx: HostContext) -> list[Finding]:
             f"{len(lines)} IRQ(s) of {lines[0].name} ({lines[0].kind}, {address}) are delivered to CPU(s) "
             f"{format_cpulist(hit)}, which {_who(job)} computes on ({job.cores_source}: {format_cpulist(job.cores)}); "
             f"{how}",
-            {"device": address, "kind": lines[0].kind, "irqs": [line.irq for line in lines], "cpus": format_cpulist(hit),
-             "cores": format_cpulist(job.cores), "cores_source": job.cores_source,
+            {"device": address, "kind": lines[0].kind, "irqs": [line.irq for line in lines],
+             "cpus": format_cpulist(hit), "cores": format_cpulist(job.cores), "cores_source": job.cores_source,
              "rate_per_s": None if rate is None else round(rate, 1), "target_cpus": format_cpulist(target)},
             fix, tuple(files), job.process.pid))
     return findings

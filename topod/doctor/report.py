@@ -198,7 +198,7 @@ def render_text(report: DoctorReport, *, verbose: bool = False) -> str:
         lines.append("")
         lines.append(_process_header(process, topology))
         if not process.findings:
-            lines.append("  ok: GPU, threads, memory and interrupts are on the same NUMA node")
+            lines.append("  ok: threads and memory on its GPU's NUMA node; no device IRQs on its cores")
         lines += [line for finding in process.findings for line in _finding_lines(finding, verbose)]
     for title, findings in (("jobs", report.job_findings), ("host", report.host_findings)):
         if findings:
@@ -207,7 +207,7 @@ def render_text(report: DoctorReport, *, verbose: bool = False) -> str:
             lines += [line for finding in findings for line in _finding_lines(finding, verbose)]
     counts = report.counts()
     lines.append("")
-    lines.append(f"{counts['error']} error(s), {counts['warning']} warning(s), {counts['info']} note(s)"
+    lines.append(f"{counts['error']} error(s), {counts['warning']} warning(s), {counts['info']} info"
                  + (" — healthy" if report.healthy else ""))
     return "\n".join(lines) + "\n"
 

@@ -92,8 +92,9 @@ def lease_views(leases: Iterable[object] | None) -> tuple[LeaseView, ...]:
         lease_id = get("id")
         if lease_id is None:
             raise ValueError(f"a lease needs an 'id': {item!r}")
-        views.append(LeaseView(str(lease_id), str(get("owner") or lease_id),
-                               tuple(int(g) for g in get("gpus", ()) or ()), tuple(int(c) for c in get("cpus", ()) or ())))
+        gpus = tuple(int(g) for g in get("gpus", ()) or ())
+        cpus = tuple(int(c) for c in get("cpus", ()) or ())
+        views.append(LeaseView(str(lease_id), str(get("owner") or lease_id), gpus, cpus))
     return tuple(views)
 
 

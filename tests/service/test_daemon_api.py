@@ -1,0 +1,178 @@
+"""The API as clients see it: bad input gets a clear 4xx and changes nothing; peers are
+identified by SO_PEERCRED; the OpenAPI document matches what the server accepts."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+
+import jsonschema
+import pytest
+
+from topod.client import ApiError
+
+
+def _raw(sock_path: str, request: bytes) -> tuple[int, dict]:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.connect(sock_path)
+        sock.sendall(request)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    status = int(head.split()[1])
+    return status, json.loads(body) if body.strip().startswith(b"{") else {}
+
+
+def _post(path: str, body: bytes) -> bytes:
+    return (f"POST {path} HTTP/1.1\r\nHost: topod\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body
+
+
+BAD_REQUESTS = [
+    (b"{not json", 400, "invalid_json"),
+    (b"", 400, "invalid_json"),
+    (b"[1, 2]", 400, "invalid_request"),
+    (b'{"gpus": "two"}', 400, "invalid_request"),
+    (b'{"gpus": -1}', 400, "invalid_request"),
+    (b'{"gpus": 0}', 400, "invalid_request"),
+    (b'{"gpus": 1, "colour": "red"}', 400, "invalid_request"),
+    (b'{"gpus": 1, "level": "perfect"}', 400, "invalid_request"),
+    (b'{"gpus": 1, "must_include": [42]}', 400, "unknown_gpu"),
+    (b'{"gpus": 9}', 409, "insufficient_gpus"),
+    (b'{"gpus": 1, "ttl_seconds": 0}', 400, "invalid_request"),
+    (b'{"gpus": 1, "owner_pid": 999999999}', 400, "invalid_request"),
+    (b'{"gpus": 1, "cpus_per_gpu": 64}', 409, "insufficient_cpus"),
+]
+
+
+def test_bad_requests_get_a_clear_error_and_change_nothing(daemon_factory):
+    daemon = daemon_factory()
+    client = daemon.start()
+    for body, status, code in BAD_REQUESTS:
+        got_status, error = _raw(daemon.socket, _post("/v1/leases", body))
+        assert (got_status, error.get("code")) == (status, code), body
+        assert error["message"]
+        assert client.leases() == [], body
+    assert client.allocate(1)["gpus"], "the daemon keeps serving"
+
+
+def test_unknown_routes_and_methods_are_json_errors(daemon_factory):
+    daemon = daemon_factory()
+    daemon.start()
+    status, error = _raw(daemon.socket, b"GET /v1/nope HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+    assert (status, error["code"]) == (404, "not_found")
+    status, error = _raw(daemon.socket, b"PUT /v1/leases HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\n"
+                                        b"Connection: close\r\n\r\n")
+    assert (status, error["code"]) == (405, "method_not_allowed")
+
+
+def test_unknown_lease_is_404(daemon_factory):
+    client = daemon_factory().start()
+    for call in (lambda: client.lease("nope"), lambda: client.release("nope"), lambda: client.renew("nope", 5)):
+        with pytest.raises(ApiError) as error:
+            call()
+        assert (error.value.status, error.value.code) == (404, "lease_not_found")
+
+
+def test_client_disconnecting_mid_request_changes_nothing(daemon_factory):
+    daemon = daemon_factory()
+    client = daemon.start()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.connect(daemon.socket)
+        sock.sendall(b"POST /v1/leases HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\n{\"gpus\":")
+    client.allocate(8, level="any")
+    client.release(client.leases()[0]["id"])
+    assert client.leases() == []
+
+
+def _as_user(uid: int, gid: int, code: str, sock_path: str) -> tuple[int, str]:
+    """Run client code in a forked child that dropped to uid/gid; returns (status, JSON)."""
+    from topod.client import Client
+
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: drop privileges for real, then act as that user
+        try:
+            os.close(read_end)
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
+            c = Client(sock_path)  # noqa: F841 - used by `code`
+            try:
+                result = {"ok": True, "out": eval(code)}  # noqa: S307 - test-only, our own strings
+            except ApiError as exc:
+                result = {"ok": False, "status": exc.status, "code": exc.code}
+            os.write(write_end, json.dumps(result).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    data = b""
+    while chunk := os.read(read_end, 65536):
+        data += chunk
+    os.close(read_end)
+    _, status = os.waitpid(pid, 0)
+    return status, data.decode()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to drop to other uids")
+def test_only_root_and_the_group_may_allocate_and_only_owners_release(daemon_factory):
+    daemon = daemon_factory(config='[daemon]\ngroup = "topodtest"\nsocket_mode = "0666"\n'
+                                   '[irq]\nmode = "off"\n[probe]\nenabled = false\n')
+    # the group does not exist: nobody but root (and the daemon's own uid) may allocate
+    import tempfile
+
+    public = tempfile.mkdtemp(prefix="topod-auth-")
+    os.chmod(public, 0o755)
+    daemon.socket = os.path.join(public, "topod.sock")
+    client = daemon.start()
+    rc, out = _as_user(65534, 65534, "c.allocate(1)", daemon.socket)
+    assert json.loads(out) == {"ok": False, "status": 403, "code": "permission_denied"}, out
+    mine = client.allocate(1)
+    rc, out = _as_user(65534, 65534, f"c.release({mine['id']!r})", daemon.socket)
+    assert json.loads(out)["code"] == "permission_denied"
+    rc, out = _as_user(65534, 65534, "len(c.leases())", daemon.socket)
+    assert json.loads(out) == {"ok": True, "out": 1}, "reading is open to any peer that can connect"
+    rc, out = _as_user(65534, 65534, f"c.request('POST', '/v1/leases/{mine['id']}/revoke')", daemon.socket)
+    assert json.loads(out)["code"] == "permission_denied"
+    assert [lease["id"] for lease in client.leases()] == [mine["id"]]
+    assert client.leases()[0]["owner_uid"] == 0
+
+
+def test_openapi_document_matches_what_the_server_accepts(daemon_factory):
+    client = daemon_factory().start()
+    doc = client.request("GET", "/v1/openapi.json")
+    assert doc["openapi"].startswith("3.")
+    for path in ("/v1/topology", "/v1/leases", "/v1/leases/{id}", "/v1/leases/{id}/renew", "/v1/events",
+                 "/v1/health", "/metrics"):
+        assert path in doc["paths"]
+    schema = doc["components"]["schemas"]["LeaseRequest"]
+    good = {"gpus": 2, "level": "good", "priority": 3, "cpus_per_gpu": 2, "job": "x", "preemptible": True}
+    jsonschema.validate(good, schema)
+    for bad in ({"gpus": 1, "colour": 1}, {"gpus": "1"}, {"level": "best"}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, schema)
+        with pytest.raises(ApiError):
+            client.request("POST", "/v1/leases", bad)
+    lease = client.allocate(**good)
+    lease_schema = {**doc["components"]["schemas"]["Lease"], "components": doc["components"]}
+    jsonschema.validate(lease, lease_schema)
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl not installed")
+def test_curl_unix_socket_works_as_documented(daemon_factory):
+    daemon = daemon_factory()
+    daemon.start()
+    out = subprocess.run(["curl", "-s", "--unix-socket", daemon.socket, "-X", "POST", "-d", '{"gpus": 2}',
+                          "http://topod/v1/leases"], capture_output=True, text=True, timeout=20).stdout
+    lease = json.loads(out)
+    assert len(lease["gpus"]) == 2
+    listing = json.loads(subprocess.run(["curl", "-s", "--unix-socket", daemon.socket, "http://topod/v1/leases"],
+                                        capture_output=True, text=True, timeout=20).stdout)
+    assert [l["id"] for l in listing["leases"]] == [lease["id"]]
+    metrics = subprocess.run(["curl", "-s", "--unix-socket", daemon.socket, "http://topod/metrics"],
+                             capture_output=True, text=True, timeout=20).stdout
+    assert 'topod_gpus{state="leased"} 2.0' in metrics
