@@ -23,6 +23,7 @@ class HostRoot:
 
     def __init__(self, root: str | os.PathLike[str] = "/", *, check: bool = True) -> None:
         self.root = Path(root)
+        self._prefix = str(self.root).rstrip("/")  # string paths: pathlib costs 15 us a join
         self.write_fault: WriteFault | None = None
         if check:
             self._check_is_host_tree()
@@ -42,34 +43,45 @@ class HostRoot:
     def path(self, rel: str) -> Path:
         return self.root / rel.lstrip("/")
 
+    def _str(self, rel: str) -> str:
+        return f"{self._prefix}/{rel.lstrip('/')}"
+
     def read(self, rel: str) -> str | None:
         """The file's text, or None when it is missing or unreadable."""
         try:
-            with open(self.path(rel), encoding="utf-8", errors="replace") as handle:
-                return handle.read()
+            fd = os.open(self._str(rel), os.O_RDONLY | os.O_CLOEXEC)
         except (OSError, ValueError):
             return None
+        try:
+            chunks = []
+            while chunk := os.read(fd, 65536):
+                chunks.append(chunk)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        return b"".join(chunks).decode("utf-8", errors="replace")
 
     def read_line(self, rel: str) -> str | None:
         text = self.read(rel)
         return None if text is None else text.strip()
 
     def exists(self, rel: str) -> bool:
-        return os.path.lexists(self.path(rel))
+        return os.path.lexists(self._str(rel))
 
     def is_dir(self, rel: str) -> bool:
-        return self.path(rel).is_dir()
+        return os.path.isdir(self._str(rel))
 
     def listdir(self, rel: str) -> list[str]:
         """Entry names, sorted; empty when the directory is missing."""
         try:
-            return sorted(os.listdir(self.path(rel)))
+            return sorted(os.listdir(self._str(rel)))
         except OSError:
             return []
 
     def readlink(self, rel: str) -> str | None:
         try:
-            return os.readlink(self.path(rel))
+            return os.readlink(self._str(rel))
         except OSError:
             return None
 

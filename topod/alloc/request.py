@@ -1,133 +1,208 @@
-"""Allocation requests and decisions: validated values, no I/O."""
+"""The values the engine takes and gives: Request (validated from JSON) and Decision."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from topod.errors import AllocationError
+from topod.alloc.errors import InvalidRequestError
 
-LEVELS = ("best", "good", "any")
+LEVELS = ("best", "good", "any")  # strongest first
+MAX_GPUS = 4096
+MAX_CPUS_PER_GPU = 4096
+PCI_ADDRESS = re.compile(r"^(?:[0-9a-f]{4,8}:)?[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+GPU_UUID = re.compile(r"^(gpu|mig)-[0-9a-f-]{8,}$")
 
-
-def allocation_error(code: str, message: str) -> AllocationError:
-    error = AllocationError(message)
-    error.code = code
-    return error
+FIELDS = ("gpus", "must_include", "level", "priority", "cpus_per_gpu", "min_memory_mib", "model",
+          "preemptible", "job")
 
 
 @dataclass(frozen=True, slots=True)
 class Request:
     gpus: int
-    must_include: tuple[int | str, ...] = ()
+    must_include: tuple[int | str, ...] = ()  # GPU indices or PCI addresses
     level: str = "good"
     priority: int = 0
-    cpus_per_gpu: int = 0
-    min_memory_mib: int | None = None
-    model: str | None = None
+    cpus_per_gpu: int = 0  # logical CPUs; rounded up to whole physical cores
+    min_memory_mib: int = 0
+    model: str | None = None  # case-insensitive substring of the GPU name
     preemptible: bool = False
     job: str | None = None
 
     @classmethod
     def from_json(cls, body: Any) -> Request:
+        """Validate a JSON object; every error names the field (InvalidRequestError)."""
         if not isinstance(body, dict):
-            raise allocation_error("invalid_request", "request must be a JSON object")
-        unknown = set(body) - set(cls.__dataclass_fields__)
+            raise InvalidRequestError("request", f"expected a JSON object, got {_kind(body)}")
+        unknown = sorted(str(key) for key in body if key not in FIELDS)
         if unknown:
-            raise allocation_error("invalid_request", f"unknown field(s): {', '.join(sorted(unknown))}")
+            raise InvalidRequestError(unknown[0], f"unknown field; known fields: {', '.join(FIELDS)}")
         if "gpus" not in body:
-            raise allocation_error("invalid_request", "gpus: required (number of GPUs)")
-        gpus = _int(body, "gpus", minimum=1)
-        must = body.get("must_include", [])
-        if not isinstance(must, list) or not all(
-                (isinstance(m, int) and not isinstance(m, bool) and m >= 0) or isinstance(m, str) for m in must):
-            raise allocation_error("invalid_request", "must_include: expected a list of GPU indices or PCI addresses")
+            raise InvalidRequestError("gpus", "required: the number of GPUs (an integer >= 1)")
+        gpus = _integer(body, "gpus", minimum=1, maximum=MAX_GPUS)
+        must = _must_include(body.get("must_include", []))
         if len(must) > gpus:
-            raise allocation_error("invalid_request", f"must_include: {len(must)} GPUs named but only {gpus} requested")
+            raise InvalidRequestError("must_include", f"names {len(must)} GPUs but the request is for {gpus}")
         level = body.get("level", "good")
-        if level not in LEVELS:
-            raise allocation_error("invalid_request", f"level: expected one of {', '.join(LEVELS)}")
-        for name in ("model", "job"):
-            if body.get(name) is not None and not isinstance(body[name], str):
-                raise allocation_error("invalid_request", f"{name}: expected a string")
-        if "preemptible" in body and not isinstance(body["preemptible"], bool):
-            raise allocation_error("invalid_request", "preemptible: expected true or false")
+        if not isinstance(level, str) or level not in LEVELS:
+            raise InvalidRequestError("level", f"expected one of {', '.join(LEVELS)}, got {level!r}")
+        preemptible = body.get("preemptible", False)
+        if not isinstance(preemptible, bool):
+            raise InvalidRequestError("preemptible", f"expected true or false, got {_kind(preemptible)}")
         return cls(
             gpus=gpus,
-            must_include=tuple(must),
+            must_include=must,
             level=level,
-            priority=_int(body, "priority", minimum=None, default=0),
-            cpus_per_gpu=_int(body, "cpus_per_gpu", minimum=0, default=0),
-            min_memory_mib=_int(body, "min_memory_mib", minimum=0, default=None),
-            model=body.get("model"),
-            preemptible=body.get("preemptible", False),
-            job=body.get("job"),
+            priority=_integer(body, "priority", default=0, minimum=-1_000_000, maximum=1_000_000),
+            cpus_per_gpu=_integer(body, "cpus_per_gpu", default=0, minimum=0, maximum=MAX_CPUS_PER_GPU),
+            min_memory_mib=_integer(body, "min_memory_mib", default=0, minimum=0, maximum=1 << 40),
+            model=_text(body, "model", 128),
+            preemptible=preemptible,
+            job=_text(body, "job", 256),
         )
 
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "gpus": self.gpus, "must_include": list(self.must_include), "level": self.level,
+            "priority": self.priority, "cpus_per_gpu": self.cpus_per_gpu, "min_memory_mib": self.min_memory_mib,
+            "model": self.model, "preemptible": self.preemptible, "job": self.job,
+        }
 
-def _int(body: dict, name: str, minimum: int | None, default: Any = ...) -> Any:
-    if name not in body or body[name] is None:
-        if default is ...:
-            raise allocation_error("invalid_request", f"{name}: required")
-        return default
-    value = body[name]
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
+            dict: "an object"}.get(type(value), type(value).__name__)
+
+
+def _integer(body: dict, name: str, *, default: int | None = None, minimum: int, maximum: int) -> int:
+    value = body.get(name, default)
+    # bool is an int in Python; JSON true is not a count.
     if isinstance(value, bool) or not isinstance(value, int):
-        raise allocation_error("invalid_request", f"{name}: expected an integer, got {type(value).__name__}")
-    if minimum is not None and value < minimum:
-        raise allocation_error("invalid_request", f"{name}: must be >= {minimum}")
+        raise InvalidRequestError(name, f"expected an integer, got {_kind(value)}")
+    if value < minimum:
+        raise InvalidRequestError(name, f"must be >= {minimum}, got {value}")
+    if value > maximum:
+        raise InvalidRequestError(name, f"must be <= {maximum}, got {value}")
     return value
+
+
+def _text(body: dict, name: str, limit: int) -> str | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidRequestError(name, f"expected a string, got {_kind(value)}")
+    value = value.strip()
+    if not value:
+        raise InvalidRequestError(name, "must not be empty")
+    if len(value) > limit:
+        raise InvalidRequestError(name, f"longer than {limit} characters")
+    return value
+
+
+def _must_include(value: Any) -> tuple[int | str, ...]:
+    if not isinstance(value, list):
+        raise InvalidRequestError("must_include", f"expected an array of GPU indices or PCI addresses, got {_kind(value)}")
+    out: list[int | str] = []
+    for item in value:
+        if isinstance(item, bool) or not isinstance(item, (int, str)):
+            raise InvalidRequestError("must_include", f"expected GPU indices or PCI addresses, got {_kind(item)}")
+        if isinstance(item, int):
+            if item < 0:
+                raise InvalidRequestError("must_include", f"GPU index must be >= 0, got {item}")
+            out.append(item)
+            continue
+        address = item.strip().lower()
+        if GPU_UUID.match(address):
+            out.append(item.strip())
+            continue
+        if not PCI_ADDRESS.match(address):
+            raise InvalidRequestError("must_include", f"{item!r} is neither a GPU index, a PCI address "
+                                                      "like 0000:18:00.0 nor a GPU UUID")
+        out.append(address if address.count(":") == 2 else f"0000:{address}")
+    if len(set(out)) != len(out):
+        raise InvalidRequestError("must_include", "lists a GPU twice")
+    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)
 class FreeState:
-    busy_gpus: frozenset[int] = frozenset()
-    busy_cpus: frozenset[int] = frozenset()
-    reserved_cpus: frozenset[int] = frozenset()
+    """What is taken right now; the engine never changes it."""
+
+    busy_gpus: frozenset[int] = frozenset()  # GPU indices held by leases
+    busy_cpus: frozenset[int] = frozenset()  # CPUs held by leases
+    reserved_cpus: frozenset[int] = frozenset()  # housekeeping CPUs from the config
+    # node -> load in [0, 1] (1 = saturated), e.g. the node's CPU or memory-bandwidth
+    # utilisation; drives back-pressure (topod.alloc.policy). Absent nodes count as 0.
     node_load: dict[int, float] = field(default_factory=dict)
 
 
-# Relative collective bandwidth of a set, by the level of its weakest pair (vs all-NVLink).
-LEVEL_ESTIMATE = {"X": 1.0, "NV": 1.0, "NVS": 1.0, "PIX": 0.5, "PXB": 0.45, "PHB": 0.4, "NODE": 0.35, "SYS": 0.25}
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """One chosen GPU with its CPUs and the memory node its host buffers belong on."""
+
+    index: int
+    address: str
+    numa_node: int | None
+    cpus: tuple[int, ...]
+    cpu_node: int | None  # the node the CPUs came from (differs only in the 'any' fallback)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"index": self.index, "address": self.address, "numa_node": self.numa_node,
+                "cpus": list(self.cpus), "cpu_node": self.cpu_node, "memory_node": self.numa_node}
 
 
 @dataclass(frozen=True, slots=True)
-class GpuPick:
-    index: int
-    address: str
-    uuid: str | None
-    numa_node: int | None
-    cpus: tuple[int, ...]
-    cpu_node: int | None  # where its CPUs are (differs from numa_node only in an 'any' fallback)
+class Performance:
+    """See topod.alloc.estimate for how each figure is computed."""
+
+    relative_bandwidth: float  # 1.0 = as fast as the best set of this size on this host
+    weakest_pair: str | None  # e.g. 'NVS18', 'PIX', 'SYS'; None for one GPU
+    weakest_pair_gbps: float | None
+    level_floors: dict[str, float]  # level -> relative bandwidth that level guarantees at least
+
+    def to_json(self) -> dict[str, Any]:
+        return {"relative_allreduce_bandwidth": round(self.relative_bandwidth, 4), "weakest_pair": self.weakest_pair,
+                "weakest_pair_gbps": None if self.weakest_pair_gbps is None else round(self.weakest_pair_gbps, 2),
+                "level_floors": {k: round(v, 4) for k, v in self.level_floors.items()},
+                "basis": "ring all-reduce bounded by the weakest GPU pair, relative to the host's best set"}
 
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    picks: tuple[GpuPick, ...]
-    cost: float
-    best_cost: float
-    level: str
-    satisfaction: float
-    weakest_link: str
-    estimate: float
-    reasons: tuple[str, ...] = ()
-
-    @property
-    def gpus(self) -> tuple[int, ...]:
-        return tuple(p.index for p in self.picks)
+    gpus: tuple[int, ...]  # GPU indices, sorted
+    placements: tuple[Placement, ...]
+    cpus: dict[int, tuple[int, ...]]  # GPU index -> its CPUs
+    memory_nodes: tuple[int, ...]
+    numa_nodes: tuple[int, ...]  # nodes the GPUs span
+    cost: float  # sum of pairwise DistanceModel weights
+    best_cost: float  # the 'best' level's reference cost for this size
+    level: str  # the strongest level the set reaches
+    requested_level: str
+    satisfaction: float  # share of GPU pairs on one NUMA node; 1.0 for one GPU
+    performance: Performance
+    exact: bool  # the search proved optimality (False: node budget ran out)
+    cpu_fallback: bool  # some CPUs are off the GPU's node ('any' only)
+    reasons: tuple[str, ...] = field(default=())
 
     def to_json(self) -> dict[str, Any]:
-        cpus = sorted({c for p in self.picks for c in p.cpus})
         return {
             "gpus_indices": list(self.gpus),
-            "gpus": [{"index": p.index, "address": p.address, "uuid": p.uuid, "numa_node": p.numa_node,
-                      "cpus": list(p.cpus), "cpu_node": p.cpu_node} for p in self.picks],
-            "cpus": cpus,
-            "memory_nodes": sorted({p.numa_node for p in self.picks if p.numa_node is not None}),
-            "cost": round(self.cost, 4),
-            "best_cost": round(self.best_cost, 4),
+            "gpus": [placement.to_json() for placement in self.placements],
+            "cpus": sorted(cpu for cpus in self.cpus.values() for cpu in cpus),
+            "cpus_by_gpu": {str(gpu): list(cpus) for gpu, cpus in sorted(self.cpus.items())},
+            "memory_nodes": list(self.memory_nodes),
+            "numa_nodes": list(self.numa_nodes),
+            "cost": round(self.cost, 6),
+            "best_cost": round(self.best_cost, 6),
             "level": self.level,
-            "satisfaction": round(self.satisfaction, 4),
-            "weakest_link": self.weakest_link,
-            "performance_estimate": self.estimate,
+            "requested_level": self.requested_level,
+            "satisfaction": round(self.satisfaction, 6),
+            "performance": self.performance.to_json(),
+            "exact": self.exact,
+            "cpu_fallback": self.cpu_fallback,
             "reasons": list(self.reasons),
         }

@@ -253,14 +253,15 @@ def _nodes_by_distance(topology: Topology, node: int | None) -> list[tuple[int, 
 
 
 def _core_order(eligible: list[int], cpus: Mapping[int, Cpu]) -> tuple[int, ...]:
-    """Physical cores first (a core whose sibling is busy or excluded counts as a sibling
-    slot), then hyper-thread siblings; within each pass, core order."""
+    """Physical cores first, then hyper-thread siblings, then threads whose sibling is busy
+    or excluded; within each pass, core order."""
     chosen = set(eligible)
 
     def key(cpu_id: int) -> tuple[int, int, int]:
         siblings = cpus[cpu_id].physical_core
         free = [s for s in siblings if s in chosen]
-        rank = free.index(cpu_id) + (1 if len(free) < len(siblings) else 0)
+        # A thread whose sibling runs a job (or is excluded) comes after every free sibling.
+        rank = free.index(cpu_id) + (len(siblings) if len(free) < len(siblings) else 0)
         return (rank, min(siblings), cpu_id)
 
     return tuple(sorted(chosen, key=key))

@@ -1,0 +1,139 @@
+"""What the engine derives once per (Topology, DistanceModel): weights by GPU position,
+groups (NUMA node, root complex, PCIe switch, NVLink island), twin classes, bandwidths.
+
+Computing a 64x64 weight matrix through DistanceModel takes milliseconds; a decision
+must not, so the view is cached by the DistanceModel's identity (the daemon builds a new
+model whenever corrections change).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from topod.alloc.estimate import pair_bandwidth, pcie_gbps
+from topod.distance import Distance, DistanceModel
+from topod.model import Gpu, Topology
+
+# The search minimises cost + DELTA_NODE x (pairs crossing NUMA nodes): among equal-cost
+# sets (an NVSwitch island spanning both sockets) the one on fewer nodes wins, while any
+# real cost difference (>= 1e-3 on every built-in weight table) still dominates.
+DELTA_NODE = 1e-6
+TWIN_TOLERANCE = 1e-9
+UNKNOWN_NODE = -1
+
+
+@dataclass(slots=True)
+class HostView:
+    topology: Topology
+    distances: DistanceModel
+    gpus: tuple[Gpu, ...]
+    position: dict[int, int]  # GPU index -> position
+    node: list[int]  # position -> NUMA node (UNKNOWN_NODE when unknown)
+    groups: list[tuple[tuple[str, object], ...]]  # position -> informative groups (>= 2 GPUs)
+    group_size: dict[tuple[str, object], int]
+    distance: list[list[Distance]]
+    weight: list[list[float]]  # true pairwise weights
+    search_weight: list[list[float]]  # weight + DELTA_NODE when the pair crosses nodes
+    twin: list[int]  # position -> static twin class id
+    bandwidth: list[list[float]]
+    unknown_link: tuple[int, ...]  # GPU indices whose PCIe link rate is unknown
+    mean_weight: float
+    node_gpus: dict[int, int]  # node -> GPUs on it
+    cache: dict = field(default_factory=dict)  # reference results (engine.py)
+
+    @property
+    def n(self) -> int:
+        return len(self.gpus)
+
+    def resolve(self, item: int | str) -> int | None:
+        """A must_include item (index, PCI address, UUID) -> position."""
+        for position, gpu in enumerate(self.gpus):
+            if gpu.index == item or (isinstance(item, str) and item.lower() in (gpu.address.lower(),
+                                                                               (gpu.uuid or "").lower())):
+                return position
+        return None
+
+
+_VIEWS: dict[int, HostView] = {}
+_MAX_VIEWS = 16
+
+
+def host_view(topology: Topology, distances: DistanceModel) -> HostView:
+    view = _VIEWS.get(id(distances))
+    if view is not None and view.distances is distances and view.topology is topology:
+        return view
+    if len(_VIEWS) >= _MAX_VIEWS:
+        _VIEWS.clear()
+    view = _build(topology, distances)
+    _VIEWS[id(distances)] = view
+    return view
+
+
+def _build(topology: Topology, distances: DistanceModel) -> HostView:
+    gpus = tuple(topology.gpus)
+    n = len(gpus)
+    node = [gpu.numa_node if gpu.numa_node is not None else UNKNOWN_NODE for gpu in gpus]
+    raw_groups = [_raw_groups(topology, gpu, node[p]) for p, gpu in enumerate(gpus)]
+    size: dict[tuple[str, object], int] = {}
+    for keys in raw_groups:
+        for key in keys:
+            size[key] = size.get(key, 0) + 1
+    # A group of one GPU says nothing about packing; leaving it out keeps more twins.
+    groups = [tuple(key for key in keys if size[key] >= 2) for keys in raw_groups]
+    distance = [[distances.gpus(a.index, b.index) for b in gpus] for a in gpus]
+    weight = [[d.weight if i != j else 0.0 for j, d in enumerate(row)] for i, row in enumerate(distance)]
+    search = [[w + (DELTA_NODE if node[i] != node[j] else 0.0) for j, w in enumerate(row)]
+              for i, row in enumerate(weight)]
+    rates = [pcie_gbps(topology.device(gpu.address)) for gpu in gpus]
+    bandwidth = [[pair_bandwidth(distance[i][j], rates[i], rates[j]) if i != j else float("inf")
+                  for j in range(n)] for i in range(n)]
+    pairs = n * (n - 1)
+    node_gpus: dict[int, int] = {}
+    for value in node:
+        node_gpus[value] = node_gpus.get(value, 0) + 1
+    return HostView(
+        topology=topology, distances=distances, gpus=gpus,
+        position={gpu.index: p for p, gpu in enumerate(gpus)},
+        node=node, groups=groups, group_size={k: v for k, v in size.items() if v >= 2},
+        distance=distance, weight=weight, search_weight=search,
+        twin=_twins(gpus, node, groups, search),
+        bandwidth=bandwidth,
+        unknown_link=tuple(gpu.index for gpu, rate in zip(gpus, rates) if rate is None),
+        mean_weight=(sum(map(sum, weight)) / pairs) if pairs else 0.0,
+        node_gpus=node_gpus,
+    )
+
+
+def _raw_groups(topology: Topology, gpu: Gpu, node: int) -> tuple[tuple[str, object], ...]:
+    keys: list[tuple[str, object]] = [("node", node)]
+    device = topology.device(gpu.address)
+    if device is not None:
+        keys.append(("root_complex", device.root_complex))
+        if device.switch:
+            keys.append(("switch", device.switch))
+    island = topology.nvlink.island_of(gpu.index)
+    if island:
+        keys.append(("island", island))
+    return tuple(keys)
+
+
+def _twins(gpus, node, groups, search) -> list[int]:
+    """Static twin classes: GPUs interchangeable in every term the search uses (same
+    weight to every other GPU, same node, groups, model and memory). Twins shrink the
+    search from subsets of GPUs to counts per class; twin-ness is transitive."""
+    n = len(gpus)
+    twin = [-1] * n
+    buckets: dict[tuple, list[int]] = {}
+    next_id = 0
+    for p, gpu in enumerate(gpus):
+        key = (node[p], groups[p], gpu.name, gpu.memory_total_mib)
+        reps = buckets.setdefault(key, [])
+        for rep in reps:
+            if all(abs(search[p][z] - search[rep][z]) <= TWIN_TOLERANCE for z in range(n) if z != p and z != rep):
+                twin[p] = twin[rep]
+                break
+        else:
+            twin[p] = next_id
+            next_id += 1
+            reps.append(p)
+    return twin
