@@ -189,3 +189,19 @@ def _take(iterator, count):
         if item["event"] == "preemption_requested" or len(out) >= count + 5:
             break
     return out
+
+
+def test_sighup_with_broken_config_keeps_serving_with_the_old_one(daemon_factory):
+    daemon = daemon_factory()
+    client = daemon.start()
+    lease = client.allocate(2)
+    daemon.config_path.write_text("[irq]\nmode = 'sometimes'\n")
+    daemon.process.send_signal(signal.SIGHUP)
+    assert _wait_until(lambda: client.health()["config_error"] is not None)
+    assert "irq.mode" in client.health()["config_error"]
+    assert [l["id"] for l in client.leases()] == [lease["id"]]
+    daemon.config_path.write_text("[irq]\nmode = 'off'\n[probe]\nenabled = false\n[alloc]\nreserved_cpus = '1'\n")
+    daemon.process.send_signal(signal.SIGHUP)
+    assert _wait_until(lambda: client.health()["config_error"] is None)
+    assert [l["id"] for l in client.leases()] == [lease["id"]]
+    assert 1 not in client.allocate(1, cpus_per_gpu=2)["cpus"], "the reloaded reserved CPUs apply"

@@ -67,7 +67,7 @@ def started(host_tree, tmp_path):
                WATCHDOG_USEC=str(WATCHDOG_USEC))
     log = open(tmp_path / "daemon.log", "wb")
     process = subprocess.Popen(
-        [sys.executable, "-c", SPAWN, str(listener.fileno()), "--root", str(host_tree("h800-8gpu")),
+        [sys.executable, "-c", SPAWN, str(listener.fileno()), "--root", str(host_tree("vm-nogpu")),
          "--state-dir", str(tmp_path / "state"), "--config", str(config), "--log-format", "json"],
         pass_fds=(listener.fileno(),), env=env, stdout=log, stderr=log)
     listener.close()  # the daemon holds it now, as systemd would keep its own copy

@@ -185,3 +185,22 @@ def test_security_exposure_is_at_most_two():
     threshold = subprocess.run([SYSTEMD_ANALYZE, "security", "--offline=yes", f"--threshold={int(MAX_EXPOSURE * 10)}",
                                 str(UNITS / "topod.service")], capture_output=True, text=True, timeout=60)
     assert threshold.returncode == 0
+
+
+@pytest.mark.skipif(shutil.which("systemd-sysusers") is None, reason="systemd-sysusers is not installed")
+def test_systemd_sysusers_creates_the_topod_group(tmp_path):
+    (tmp_path / "etc").mkdir()
+    result = subprocess.run(["systemd-sysusers", f"--root={tmp_path}", str(UNITS / "topod.sysusers")],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    groups = [line.split(":")[0] for line in (tmp_path / "etc/group").read_text().splitlines()]
+    assert groups == ["topod"]
+
+
+@pytest.mark.skipif(shutil.which("systemd-tmpfiles") is None, reason="systemd-tmpfiles is not installed")
+def test_systemd_tmpfiles_creates_the_directories_with_the_units_modes(tmp_path):
+    result = subprocess.run(["systemd-tmpfiles", f"--root={tmp_path}", "--create", str(UNITS / "topod.tmpfiles")],
+                            capture_output=True, text=True, timeout=60)
+    assert (result.returncode, result.stderr) == (0, "")
+    for directory, key in (("run/topod", "RuntimeDirectoryMode"), ("var/lib/topod", "StateDirectoryMode")):
+        assert (tmp_path / directory).stat().st_mode & 0o7777 == int(one(SERVICE, "Service", key), 8)

@@ -169,8 +169,9 @@ def test_balance_lays_out_a_storm_afresh_in_core_order():
 
 def test_enospc_alternatives_are_the_next_cpus_of_the_pool():
     topology = make_topology(nodes=1, cores=4, threads=1)
-    irqs, current = make_irqs(topology, queues=1)
-    assert _plan(topology, irqs, current).entry(100).alternatives == (1, 2, 3)
+    irqs, current = make_irqs(topology, queues=1, on=(0, 1, 2, 3))
+    plan = _plan(topology, irqs, current)
+    assert plan.entry(100).planned == (0,) and plan.entry(100).alternatives == (1, 2, 3)
 
 
 def test_settings_from_a_config_section():

@@ -1,77 +1,180 @@
-"""Cores for a GPU set: whole physical cores on each GPU's node, never isolated, nohz_full,
-leased or reserved CPUs, kept together and sharing the GPU's L3 where possible."""
+"""CPUs for the chosen GPUs (pure).
+
+Rules, in order:
+- Each GPU gets `cpus_per_gpu` logical CPUs on its own NUMA node, as whole physical
+  cores: all online hyper-threads of a core together. cpus_per_gpu counts logical CPUs
+  and is rounded up to whole cores (3 on a 2-thread machine -> 2 cores, 4 CPUs); the
+  decision says so.
+- Never an isolated or nohz_full CPU, a CPU held by a lease, or a reserved
+  (housekeeping) CPU; a core with any such thread is not used at all.
+- Each GPU's cores are contiguous (consecutive cores of the node, no core between them
+  skipped) and share one last-level cache, preferring cores in the GPU's PCIe
+  local_cpulist; the first such window wins, so successive GPUs get successive blocks.
+  When no window fits, the node's free cores are taken, fullest L3 first, and the
+  decision says they are not contiguous.
+- Not enough near cores: 'insufficient_cpus' at levels best and good. At level 'any'
+  the GPU gets cores from the nearest node by SLIT distance that has them (ties: lower
+  node id), and the decision marks cpu_fallback with the node used.
+"""
 
 from __future__ import annotations
 
-from topod.alloc.request import FreeState, Request, allocation_error
-from topod.model import Gpu, Topology
+from dataclasses import dataclass
+
+from topod.alloc.errors import InsufficientCpusError
+from topod.model import Cpu, Gpu, Topology
+
+Core = tuple[int, ...]
 
 
-def _usable_cores(topology: Topology, node: int | None, taken: set[int]) -> list[tuple[int, ...]]:
-    cores: dict[tuple[int, ...], None] = {}
+@dataclass(frozen=True, slots=True)
+class CoreChoice:
+    cpus: dict[int, tuple[int, ...]]  # GPU index -> CPUs
+    cpu_node: dict[int, int | None]  # GPU index -> node the CPUs are on
+    fallback: bool
+    reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _NodeCores:
+    all_cores: list[Core]  # every core of the node in CPU order (defines contiguity)
+    usable: set[Core]  # cores free of excluded, leased and reserved CPUs
+    llc: dict[Core, int]
+
+
+def node_cores(topology: Topology, excluded: set[int]) -> dict[int, _NodeCores]:
+    """node -> its cores; `excluded` = leased | reserved CPUs."""
+    by_id = {cpu.id: cpu for cpu in topology.cpus}
+    per_node: dict[int, dict[Core, Cpu]] = {}
     for cpu in topology.cpus:
-        if not cpu.online or cpu.numa_node != node:
+        if not cpu.online or cpu.numa_node is None:
             continue
-        core = tuple(c for c in cpu.physical_core)
-        if any(c in taken for c in core):
-            continue
-        if any((topology.cpu(c) is not None and (topology.cpu(c).isolated or topology.cpu(c).nohz_full))
-               for c in core):
-            continue
-        cores[core] = None
-    return sorted(cores, key=lambda core: (_llc(topology, core), core[0]))
+        core = tuple(sorted(c for c in cpu.physical_core if by_id.get(c) is not None and by_id[c].online))
+        per_node.setdefault(cpu.numa_node, {}).setdefault(core or (cpu.id,), cpu)
+    out: dict[int, _NodeCores] = {}
+    for node, cores in per_node.items():
+        ordered = sorted(cores)
+        usable = {core for core in ordered if all(_usable(by_id.get(c), excluded) for c in core)}
+        llc = {core: (cores[core].llc if cores[core].llc is not None else -1) for core in ordered}
+        out[node] = _NodeCores(ordered, usable, llc)
+    return out
 
 
-def _llc(topology: Topology, core: tuple[int, ...]) -> int:
-    cpu = topology.cpu(core[0])
-    return cpu.llc if cpu is not None and cpu.llc is not None else -1
+def _usable(cpu: Cpu | None, excluded: set[int]) -> bool:
+    return cpu is not None and cpu.online and not cpu.isolated and not cpu.nohz_full and cpu.id not in excluded
 
 
-def pick_cores(topology: Topology, gpus: list[Gpu], request: Request,
-               state: FreeState) -> tuple[dict[int, tuple[list[int], int | None]], list[str]]:
-    """gpu index -> (CPUs, node they are on); reasons for anything unusual."""
-    result: dict[int, tuple[list[int], int | None]] = {}
+def node_capacity(topology: Topology, excluded: set[int], cpus_per_gpu: int) -> dict[int, int]:
+    """node -> how many GPUs its free cores can serve at cpus_per_gpu (the search's CPU
+    constraint; nodes absent serve none)."""
+    if cpus_per_gpu <= 0:
+        return {}
+    capacity: dict[int, int] = {}
+    for node, cores in node_cores(topology, excluded).items():
+        served, have = 0, 0
+        for core in cores.all_cores:
+            if core in cores.usable:
+                have += len(core)
+                if have >= cpus_per_gpu:
+                    served, have = served + 1, 0
+        capacity[node] = served
+    return capacity
+
+
+def assign_cpus(topology: Topology, gpus: list[Gpu], cpus_per_gpu: int, excluded: set[int],
+                allow_fallback: bool) -> CoreChoice:
+    if cpus_per_gpu <= 0:
+        return CoreChoice({g.index: () for g in gpus}, {g.index: g.numa_node for g in gpus}, False, ())
+    cores = node_cores(topology, excluded)
+    taken: set[Core] = set()
+    cpus: dict[int, tuple[int, ...]] = {}
+    where: dict[int, int | None] = {}
     reasons: list[str] = []
-    if request.cpus_per_gpu == 0:
-        return {g.index: ([], g.numa_node) for g in gpus}, reasons
-    taken = set(state.busy_cpus) | set(state.reserved_cpus)
-    for gpu in gpus:
+    fallback = False
+    for gpu in sorted(gpus, key=lambda g: g.index):
+        local = set(topology.device(gpu.address).local_cpus) if topology.device(gpu.address) else set()
+        picked = _pick(cores.get(gpu.numa_node), taken, cpus_per_gpu, local, reasons, gpu.index) \
+            if gpu.numa_node is not None else None
         node = gpu.numa_node
-        picked, where = _take(topology, node, request.cpus_per_gpu, taken)
         if picked is None:
-            if request.level != "any":
-                raise allocation_error(
-                    "insufficient_cpus",
-                    f"GPU {gpu.index}: fewer than {request.cpus_per_gpu} free whole-core CPUs on node {node}")
-            picked, where = _fallback(topology, node, request.cpus_per_gpu, taken)
+            free = _free_cpus(cores.get(gpu.numa_node), taken) if gpu.numa_node is not None else 0
+            if not allow_fallback:
+                home = f"node {gpu.numa_node}" if gpu.numa_node is not None else "an unknown NUMA node"
+                raise InsufficientCpusError(
+                    f"GPU {gpu.index} is on {home}, which has {free} free whole-core CPUs; {cpus_per_gpu} needed "
+                    "(level 'any' would take CPUs from the nearest other node)")
+            for other in _nearest_nodes(topology, gpu.numa_node):
+                picked = _pick(cores.get(other), taken, cpus_per_gpu, set(), reasons, gpu.index)
+                if picked is not None:
+                    node = other
+                    fallback = True
+                    reasons.append(f"GPU {gpu.index}: CPUs from node {other}, the nearest with free cores "
+                                   f"(node {gpu.numa_node} has {free} free; level 'any' fallback)")
+                    break
             if picked is None:
-                raise allocation_error("insufficient_cpus", f"GPU {gpu.index}: no node has "
-                                                            f"{request.cpus_per_gpu} free CPUs")
-            reasons.append(f"GPU {gpu.index}: CPUs from node {where} (node {node} full; level 'any' fallback)")
+                raise InsufficientCpusError(f"GPU {gpu.index}: no NUMA node has {cpus_per_gpu} free whole-core CPUs")
         taken.update(picked)
-        result[gpu.index] = (sorted(picked), where)
-    if any(len(cpus) > request.cpus_per_gpu for cpus, _ in result.values()):
-        reasons.append(f"cpus_per_gpu={request.cpus_per_gpu} rounded up to whole physical cores")
-    return result, reasons
+        cpus[gpu.index] = tuple(sorted(c for core in picked for c in core))
+        where[gpu.index] = node
+    granted = {len(v) for v in cpus.values()}
+    if any(size > cpus_per_gpu for size in granted):
+        reasons.append(f"cpus_per_gpu {cpus_per_gpu} rounded up to whole physical cores "
+                       f"({', '.join(str(s) for s in sorted(granted))} CPUs per GPU)")
+    return CoreChoice(cpus, where, fallback, tuple(reasons))
 
 
-def _take(topology: Topology, node: int | None, count: int, taken: set[int]):
-    if node is None:
-        return None, None
-    picked: list[int] = []
-    for core in _usable_cores(topology, node, taken):
-        if len(picked) >= count:
+def _free_cpus(cores: _NodeCores | None, taken: set[Core]) -> int:
+    if cores is None:
+        return 0
+    return sum(len(core) for core in cores.usable if core not in taken)
+
+
+def _pick(cores: _NodeCores | None, taken: set[Core], need: int, local: set[int], reasons: list[str],
+          gpu: int) -> list[Core] | None:
+    if cores is None:
+        return None
+    free = [core for core in cores.all_cores if core in cores.usable and core not in taken]
+    if sum(len(core) for core in free) < need:
+        return None
+    best: tuple[tuple, list[Core]] | None = None
+    ordered = cores.all_cores
+    for start in range(len(ordered)):
+        window: list[Core] = []
+        have = 0
+        for core in ordered[start:]:
+            if core not in cores.usable or core in taken:
+                break
+            window.append(core)
+            have += len(core)
+            if have >= need:
+                break
+        if have < need:
+            continue
+        llcs = {cores.llc[core] for core in window}
+        outside = bool(local) and any(c not in local for core in window for c in core)
+        score = (len(llcs) > 1, outside, start)
+        if best is None or score < best[0]:
+            best = (score, window)
+            if score == (False, False, start):
+                break  # the first single-L3, local window: nothing later beats it
+    if best is not None:
+        return best[1]
+    # No contiguous window: the fullest L3 domains first, cores in order.
+    per_llc: dict[int, int] = {}
+    for core in free:
+        per_llc[cores.llc[core]] = per_llc.get(cores.llc[core], 0) + len(core)
+    free.sort(key=lambda core: (-per_llc[cores.llc[core]], cores.llc[core], core))
+    picked, have = [], 0
+    for core in free:
+        picked.append(core)
+        have += len(core)
+        if have >= need:
             break
-        picked.extend(core)
-    return (picked, node) if len(picked) >= count else (None, None)
+    reasons.append(f"GPU {gpu}: no {need} contiguous free CPUs on its node; cores are not contiguous")
+    return picked
 
 
-def _fallback(topology: Topology, node: int | None, count: int, taken: set[int]):
-    home = topology.node(node) if node is not None else None
-    order = sorted((n for n in topology.numa_nodes if n.has_cpus and n.id != node),
-                   key=lambda n: (home.distances.get(n.id, 999) if home else 0, n.id))
-    for other in order:
-        picked, where = _take(topology, other.id, count, taken)
-        if picked is not None:
-            return picked, where
-    return None, None
+def _nearest_nodes(topology: Topology, home: int | None) -> list[int]:
+    nodes = [node for node in topology.numa_nodes if node.has_cpus and node.id != home]
+    origin = topology.node(home) if home is not None else None
+    return [node.id for node in sorted(nodes, key=lambda n: ((origin.distances.get(n.id, 255) if origin else 0), n.id))]

@@ -1,152 +1,329 @@
-"""The allocation engine (pure): filter, then find the minimum-cost GPU set, then cores.
+"""The allocation engine (pure): Topology + distances + what is taken + a request -> Decision.
 
-Levels, precisely:
-- best: the set's cost equals the lowest cost any set of this size can have on this
-  host (computed on the empty host, all GPUs free).
-- good: the set spans the fewest NUMA nodes a set of this size can span on this host
-  (one node whenever the size fits in one node): no pair crosses nodes if avoidable.
+Cost of a GPU set = the sum of DistanceModel weights over all its pairs (NVLink and
+NVSwitch pairs cheapest, then PIX < PXB < PHB < NODE < SYS). GPUs in one NVSwitch island
+are all-to-all: every pair costs the island's NVS weight.
+
+Levels (the README copies this):
+- good: the set spans no more NUMA nodes than necessary. On the empty host, with the
+  request's model/memory filter, find the fewest nodes whose GPUs (plus the nodes of
+  must_include GPUs) can hold the size: one node whenever the size fits in one node, so
+  no pair crosses nodes; else that minimum number of nodes.
+- best: good, and the cost equals the lowest cost any good set of this size can have on
+  this host (computed on the empty host, same filter and must_include; cached per
+  DistanceModel).
 - any: the cheapest set among the free GPUs, whatever it spans.
-A request at a level gets the cheapest free set that meets it, or `level_unreachable`.
-Among equal-cost sets the engine takes GPUs from nodes with fewer free GPUs (packing,
-so the remaining free GPUs stay together), then from less loaded nodes (back-pressure).
+A request at a level gets the cheapest free set that meets it, or the error
+'level_unreachable' (retryable: the daemon's queue may wait). The decision reports the
+strongest level its set reaches, which may be above the one asked for.
+
+How a decision is made:
+1. Filter: free GPUs matching model (case-insensitive substring) and min_memory_mib;
+   must_include GPUs must be among them. When cpus_per_gpu > 0, a node can take only as
+   many GPUs as its free whole cores can serve (level 'any' retries without this limit
+   and then takes CPUs from the nearest node, marked cpu_fallback).
+2. Search (topod.alloc.search): exact branch and bound over twin classes for the
+   minimum of  cost + 1e-5 x (pairs crossing NUMA nodes) + per-GPU terms:
+   - packing phi(x) = mean over x's groups (NUMA node, root complex, PCIe switch,
+     NVLink island; groups of one GPU ignored) of the share of that group still free.
+     Weighted 1e-7 it only breaks ties: among equal-cost sets, take GPUs from partly
+     used groups so the free ones stay together (least fragmentation). Low-priority or
+     short requests weigh it much more (topod.alloc.policy), so they fill fragments.
+   - back-pressure: a per-GPU penalty for overloaded nodes, in a second search only when
+     the first set touches one (topod.alloc.policy).
+   The search is exact unless it exhausts PolicySettings.search_budget nodes; then the
+   decision says exact=false.
+3. CPUs (topod.alloc.cores), satisfaction (share of pairs on one NUMA node, 1.0 for one
+   GPU) and the performance estimate (topod.alloc.estimate).
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
+from dataclasses import dataclass
 
-from topod.alloc.cores import pick_cores
-from topod.alloc.request import LEVEL_ESTIMATE, Decision, FreeState, GpuPick, Request, allocation_error
-from topod.alloc.search import best_set
+from topod.alloc.cores import assign_cpus, node_capacity
+from topod.alloc.errors import (InsufficientCpusError, InsufficientGpusError, InvalidRequestError,
+                                LevelUnreachableError, UnknownGpuError)
+from topod.alloc.estimate import weakest
+from topod.alloc.hostview import DELTA_NODE, HostView, host_view
+from topod.alloc.policy import PolicySettings, backpressure_penalty, packing_scale, topology_weight
+from topod.alloc.request import Decision, FreeState, Performance, Placement, Request
+from topod.alloc.search import SearchResult, build_problem, solve
 from topod.distance import DistanceModel
-from topod.model import Gpu, Topology
+from topod.model import Topology
 
+__all__ = ["Assessment", "FreeState", "allocate", "assess", "set_cost"]
 
-class _Matrix:
-    """Weights by position in topology.gpus, computed once per DistanceModel."""
-
-    def __init__(self, topology: Topology, distances: DistanceModel) -> None:
-        self.gpus: list[Gpu] = list(topology.gpus)
-        self.position = {gpu.index: i for i, gpu in enumerate(self.gpus)}
-        self.distances = [[distances.gpus(a.index, b.index) for b in self.gpus] for a in self.gpus]
-        self.weight = [[d.weight for d in row] for row in self.distances]
-        self.best_cost: dict[int, float] = {}
-        self.min_nodes: dict[int, int] = {}
-
-
-_CACHE: dict[int, tuple[DistanceModel, _Matrix]] = {}
-
-
-def matrix_for(topology: Topology, distances: DistanceModel) -> _Matrix:
-    key = id(distances)
-    cached = _CACHE.get(key)
-    if cached is None or cached[0] is not distances:
-        if len(_CACHE) > 32:
-            _CACHE.clear()
-        cached = (distances, _Matrix(topology, distances))
-        _CACHE[key] = cached
-    return cached[1]
-
-
-def _nodes_of(matrix: _Matrix, members) -> set:
-    return {matrix.gpus[m].numa_node for m in members}
-
-
-def _min_nodes(matrix: _Matrix, size: int) -> int:
-    if size not in matrix.min_nodes:
-        counts: dict = {}
-        for gpu in matrix.gpus:
-            counts[gpu.numa_node] = counts.get(gpu.numa_node, 0) + 1
-        total, nodes = 0, 0
-        for count in sorted(counts.values(), reverse=True):
-            if total >= size:
-                break
-            total += count
-            nodes += 1
-        matrix.min_nodes[size] = max(nodes, 1)
-    return matrix.min_nodes[size]
-
-
-def _best_cost(matrix: _Matrix, size: int) -> float:
-    if size not in matrix.best_cost:
-        found = best_set(range(len(matrix.gpus)), size, matrix.weight, lambda m: 0.0)
-        matrix.best_cost[size] = found[1] if found else float("inf")
-    return matrix.best_cost[size]
+DELTA_FRAG = 1e-7
+DEFAULT_POLICY = PolicySettings()
 
 
 def allocate(topology: Topology, distances: DistanceModel, state: FreeState, request: Request,
-             policy=None, waited_seconds: float = 0.0) -> Decision:
-    matrix = matrix_for(topology, distances)
-    if request.gpus > len(matrix.gpus):
-        raise allocation_error("insufficient_gpus",
-                               f"{request.gpus} GPUs requested; this host has {len(matrix.gpus)}")
-    required = _required(matrix, request)
-    pool = [i for i, gpu in enumerate(matrix.gpus) if _eligible(gpu, request) and gpu.index not in state.busy_gpus]
-    for r in required:
-        if matrix.gpus[r].index in state.busy_gpus:
-            raise allocation_error("insufficient_gpus", f"must_include GPU {matrix.gpus[r].index} is leased")
-        if r not in pool:
-            raise allocation_error("invalid_request", f"must_include GPU {matrix.gpus[r].index} does not match "
-                                                      "the model/memory filter")
-    if len(pool) < request.gpus:
-        raise allocation_error("insufficient_gpus", f"{request.gpus} GPUs requested, {len(pool)} free and eligible")
-    free_per_node: dict = {}
-    for i in pool:
-        node = matrix.gpus[i].numa_node
-        free_per_node[node] = free_per_node.get(node, 0) + 1
+             policy: PolicySettings = DEFAULT_POLICY, *, waited_seconds: float = 0.0,
+             ttl_seconds: float | None = None) -> Decision:
+    view = host_view(topology, distances)
+    k = request.gpus
+    reasons: list[str] = []
+    if view.n == 0:
+        raise InsufficientGpusError("this host has no GPUs", retryable=False)
+    eligible = _eligible(view, request, reasons)
+    must = _must(view, request, eligible)
+    if k > len(eligible):
+        raise InsufficientGpusError(f"{k} GPUs requested; this host has {len(eligible)} matching GPUs",
+                                    retryable=False)
+    busy = {view.position[g] for g in state.busy_gpus if g in view.position}
+    for p in sorted(must & busy):
+        raise InsufficientGpusError(f"must_include GPU {view.gpus[p].index} is leased")
+    free = [p for p in eligible if p not in busy]
+    if len(free) < k:
+        raise InsufficientGpusError(f"{k} GPUs requested; {len(free)} of the {len(eligible)} matching GPUs are free")
+    limit = good_node_limit(view, k, eligible, must)
+    ref_cost, ref_members = _reference(view, k, eligible, must, limit, policy.search_budget)
+    tau = 1.0 if request.level == "best" else topology_weight(request.priority, waited_seconds, ttl_seconds, policy)
+    phi = packing_phi(view, busy, free)
+    scale = packing_scale(tau, view.mean_weight, k) if tau < 1.0 else 0.0
+    if scale:
+        reasons.append(f"topology weight {tau:.2f} (low priority or short job): fragments preferred")
+    unary = {p: (DELTA_FRAG + scale) * phi[p] for p in free}
+    max_nodes = limit if request.level in ("best", "good") else None
+    excluded = set(state.busy_cpus) | set(state.reserved_cpus)
+    node_cap = None
+    if request.cpus_per_gpu > 0:
+        capacity = node_capacity(topology, excluded, request.cpus_per_gpu)
+        node_cap = {v: capacity.get(v, 0) for v in set(view.node)}
+    result = _search(view, free, must, unary, node_cap, max_nodes, k, policy.search_budget)
+    if result is None:
+        result = _without_cpu_limit(view, free, must, unary, node_cap, max_nodes, k, policy, request, limit)
+    result = _backpressure(view, free, must, unary, node_cap if node_cap and result_fits(view, result, node_cap)
+                           else None, max_nodes, k, policy, state, result, reasons)
+    members = list(result.members)
+    cost = set_cost(view, members)
+    nodes = sorted({view.node[p] for p in members})
+    level = _level(len(nodes), limit, cost, ref_cost, k)
+    if request.level == "best" and level != "best":
+        raise LevelUnreachableError(f"the cheapest free set of {k} GPUs costs {cost:.2f}; level 'best' needs "
+                                    f"{ref_cost:.2f} (the host's minimum) within {limit} NUMA node(s)")
+    gpus = [view.gpus[p] for p in members]
+    cores = assign_cpus(topology, gpus, request.cpus_per_gpu, excluded, allow_fallback=request.level == "any")
+    reasons.extend(cores.reasons)
+    reasons.insert(0, _summary(k, cost, ref_cost, level, len(nodes), limit))
+    if not result.exact:
+        reasons.append(f"search budget of {policy.search_budget} nodes ran out: best set found, not proven optimal")
+    placements = tuple(Placement(g.index, g.address, g.numa_node, cores.cpus[g.index], cores.cpu_node[g.index])
+                       for g in sorted(gpus, key=lambda g: g.index))
+    return Decision(
+        gpus=tuple(p.index for p in placements),
+        placements=placements,
+        cpus={p.index: p.cpus for p in placements},
+        memory_nodes=tuple(sorted({g.numa_node for g in gpus if g.numa_node is not None})),
+        numa_nodes=tuple(sorted({g.numa_node for g in gpus if g.numa_node is not None})),
+        cost=cost,
+        best_cost=ref_cost,
+        level=level,
+        requested_level=request.level,
+        satisfaction=satisfaction(view, members),
+        performance=_performance(view, members, ref_members, limit, reasons),
+        exact=result.exact,
+        cpu_fallback=cores.fallback,
+        reasons=tuple(reasons),
+    )
 
-    def secondary(members) -> float:
-        packing = sum(free_per_node.get(matrix.gpus[m].numa_node, 0) for m in members)
-        load = sum(state.node_load.get(matrix.gpus[m].numa_node, 0.0) for m in members)
-        return packing * 1000 + load
 
-    allowed = None
-    if request.level == "good":
-        limit = _min_nodes(matrix, request.gpus)
-        allowed = lambda members: len(_nodes_of(matrix, members)) <= limit  # noqa: E731
-    found = best_set(pool, request.gpus, matrix.weight, secondary, required, allowed)
-    best = _best_cost(matrix, request.gpus)
-    if found is None:
-        raise allocation_error("level_unreachable", f"no free set of {request.gpus} GPUs meets level "
-                                                    f"'{request.level}' (fewest NUMA nodes possible)")
-    members, cost = found
-    if request.level == "best" and cost > best + 1e-6:
-        raise allocation_error("level_unreachable", f"the cheapest free set costs {cost:.2f}; level 'best' needs "
-                                                    f"{best:.2f} (the host's minimum for {request.gpus} GPUs)")
-    members = sorted(members, key=lambda m: matrix.gpus[m].index)
-    return _decision(topology, matrix, state, request, members, cost, best)
+def result_fits(view: HostView, result: SearchResult, node_cap: dict[int, int]) -> bool:
+    counts: dict[int, int] = {}
+    for p in result.members:
+        counts[view.node[p]] = counts.get(view.node[p], 0) + 1
+    return all(count <= node_cap.get(v, 0) for v, count in counts.items())
 
 
-def _required(matrix: _Matrix, request: Request) -> list[int]:
-    required = []
+def _without_cpu_limit(view, free, must, unary, node_cap, max_nodes, k, policy, request, limit) -> SearchResult:
+    relaxed = _search(view, free, must, unary, None, max_nodes, k, policy.search_budget) if node_cap else None
+    if relaxed is None:
+        raise LevelUnreachableError(f"no free set of {k} GPUs meets level '{request.level}': it needs the GPUs "
+                                    f"within {limit} NUMA node(s)")
+    if request.level != "any":
+        raise InsufficientCpusError(f"no free set of {k} GPUs at level '{request.level}' has "
+                                    f"{request.cpus_per_gpu} free whole-core CPUs per GPU on each GPU's node")
+    return relaxed
+
+
+def _backpressure(view, free, must, unary, node_cap, max_nodes, k, policy, state, result, reasons) -> SearchResult:
+    if not state.node_load:
+        return result
+    floor = view.cache.get("min_weight")
+    if floor is None:
+        floor = min((w for row in view.weight for w in row if w > 0), default=1.0)
+        view.cache["min_weight"] = floor
+    penalty = backpressure_penalty(state.node_load, set_cost(view, list(result.members)), floor, k, policy)
+    touched = sorted({view.node[p] for p in result.members if view.node[p] in penalty})
+    if not touched:
+        return result
+    loaded = {p: unary[p] + penalty.get(view.node[p], 0.0) for p in free}
+    moved = _search(view, free, must, loaded, node_cap, max_nodes, k, policy.search_budget)
+    if moved is None or moved.members == result.members:
+        return result
+    reasons.append(f"back-pressure: node(s) {', '.join(map(str, touched))} overloaded; moved to "
+                   f"{', '.join(str(v) for v in sorted({view.node[p] for p in moved.members}))} "
+                   f"within {policy.backpressure_tolerance:.0%} of the best cost")
+    return moved
+
+
+def _search(view, candidates, must, unary, node_cap, max_nodes, k, budget) -> SearchResult | None:
+    problem = build_problem(candidates, must, view.twin, view.node, view.search_weight, unary, node_cap, max_nodes)
+    return solve(problem, k, budget)
+
+
+def _eligible(view: HostView, request: Request, reasons: list[str]) -> list[int]:
+    out, skipped = [], []
+    model = request.model.lower() if request.model else None
+    for p, gpu in enumerate(view.gpus):
+        if model is not None and model not in (gpu.name or "").lower():
+            skipped.append(f"{gpu.index} (model {gpu.name!r})")
+        elif request.min_memory_mib and (gpu.memory_total_mib is None or gpu.memory_total_mib < request.min_memory_mib):
+            skipped.append(f"{gpu.index} (memory {gpu.memory_total_mib} MiB)")
+        else:
+            out.append(p)
+    if skipped:
+        reasons.append("filtered out GPU " + ", ".join(skipped))
+    return out
+
+
+def _must(view: HostView, request: Request, eligible: list[int]) -> set[int]:
+    must: set[int] = set()
+    allowed = set(eligible)
     for item in request.must_include:
-        match = [i for i, g in enumerate(matrix.gpus) if g.index == item or g.address == item or g.uuid == item]
-        if not match:
-            raise allocation_error("unknown_gpu", f"must_include: no GPU {item!r} on this host")
-        required.append(match[0])
-    return sorted(set(required))
+        p = view.resolve(item)
+        if p is None:
+            known = ", ".join(str(g.index) for g in view.gpus)
+            raise UnknownGpuError(f"must_include: no GPU {item!r} on this host (GPUs: {known})")
+        if p not in allowed:
+            raise InvalidRequestError("must_include", f"GPU {view.gpus[p].index} does not match the model/memory "
+                                                      "filter of this request")
+        must.add(p)
+    return must
 
 
-def _eligible(gpu: Gpu, request: Request) -> bool:
-    if request.min_memory_mib is not None and (gpu.memory_total_mib or 0) < request.min_memory_mib:
-        return False
-    if request.model is not None and request.model.lower() not in (gpu.name or "").lower():
-        return False
-    return True
+def good_node_limit(view: HostView, k: int, eligible: list[int], must: set[int]) -> int:
+    """The fewest NUMA nodes a k-set can span on the empty host (see 'good')."""
+    per_node: dict[int, int] = {}
+    for p in eligible:
+        per_node[view.node[p]] = per_node.get(view.node[p], 0) + 1
+    forced = {view.node[p] for p in must}
+    total = sum(per_node[v] for v in forced)
+    count = len(forced)
+    for size in sorted((c for v, c in per_node.items() if v not in forced), reverse=True):
+        if total >= k:
+            break
+        total += size
+        count += 1
+    return max(count, 1)
 
 
-def _decision(topology, matrix, state, request, members, cost, best) -> Decision:
+def _reference(view: HostView, k: int, eligible: list[int], must: set[int], limit: int,
+               budget: int) -> tuple[float, tuple[int, ...]]:
+    key = ("ref", k, None if len(eligible) == view.n else tuple(eligible), tuple(sorted(must)))
+    cached = view.cache.get(key)
+    if cached is None:
+        found = _search(view, eligible, must, {}, None, limit, k, budget)
+        members = found.members if found else ()
+        cached = (set_cost(view, list(members)) if found else float("inf"), members)
+        if len(view.cache) > 4096:
+            view.cache.clear()
+        view.cache[key] = cached
+    return cached
+
+
+def packing_phi(view: HostView, busy: set[int], free: list[int]) -> dict[int, float]:
+    """Per free GPU: mean share of its groups still free (1.0 = taking it breaks whole groups)."""
+    free_in: dict[tuple[str, object], int] = {}
+    for p in range(view.n):
+        if p not in busy:
+            for key in view.groups[p]:
+                free_in[key] = free_in.get(key, 0) + 1
+    phi = {}
+    for p in free:
+        keys = view.groups[p]
+        phi[p] = sum(free_in[key] / view.group_size[key] for key in keys) / len(keys) if keys else 1.0
+    return phi
+
+
+def set_cost(view: HostView, members: list[int]) -> float:
+    weight = view.weight
+    return sum(weight[a][b] for i, a in enumerate(members) for b in members[i + 1:])
+
+
+def satisfaction(view: HostView, members: list[int]) -> float:
     pairs = [(a, b) for i, a in enumerate(members) for b in members[i + 1:]]
-    local = sum(matrix.distances[a][b].local for a, b in pairs)
-    weakest = max((matrix.distances[a][b] for a, b in pairs), key=lambda d: d.weight, default=None)
-    cores, reasons = pick_cores(topology, [matrix.gpus[m] for m in members], request, state)
-    picks = tuple(
-        GpuPick(index=g.index, address=g.address, uuid=g.uuid, numa_node=g.numa_node,
-                cpus=tuple(cores[g.index][0]), cpu_node=cores[g.index][1])
-        for g in (matrix.gpus[m] for m in members))
-    level = "best" if cost <= best + 1e-6 else (
-        "good" if len(_nodes_of(matrix, members)) <= _min_nodes(matrix, request.gpus) else "any")
-    estimate = LEVEL_ESTIMATE.get(weakest.level, 0.25) if weakest else 1.0
-    return Decision(picks=picks, cost=cost, best_cost=best, level=level,
-                    satisfaction=(local / len(pairs)) if pairs else 1.0,
-                    weakest_link=weakest.label if weakest else "X", estimate=estimate, reasons=tuple(reasons))
+    if not pairs:
+        return 1.0
+    return sum(1 for a, b in pairs if view.node[a] == view.node[b] and view.node[a] >= 0) / len(pairs)
+
+
+def _level(nodes: int, limit: int, cost: float, ref_cost: float, k: int) -> str:
+    if nodes > limit:
+        return "any"
+    # The reference set minimised cost + DELTA_NODE x crossings, so allow that much.
+    tolerance = 1e-9 * (1.0 + abs(ref_cost)) + DELTA_NODE * k * (k - 1) / 2
+    return "best" if cost <= ref_cost + tolerance else "good"
+
+
+def _summary(k: int, cost: float, ref_cost: float, level: str, nodes: int, limit: int) -> str:
+    return (f"{k} GPU(s), cost {cost:.2f} (host best {ref_cost:.2f}), {nodes} NUMA node(s) "
+            f"(good allows {limit}): level {level}")
+
+
+def _performance(view: HostView, members: list[int], ref_members: tuple[int, ...], limit: int,
+                 reasons: list[str]) -> Performance:
+    floors = _floors(view, ref_members, limit)
+    unknown = [g for g in view.unknown_link if g in {view.gpus[p].index for p in members}]
+    if unknown and len(members) > 1:
+        reasons.append(f"PCIe link rate of GPU {', '.join(map(str, unknown))} unknown: estimate assumes Gen4 x16")
+    pair = weakest(members, view.bandwidth)
+    if pair is None:
+        return Performance(1.0, None, None, floors)
+    rate = view.bandwidth[pair[0]][pair[1]]
+    return Performance(min(1.0, rate / _ref_rate(view, ref_members)), view.distance[pair[0]][pair[1]].label, rate,
+                       floors)
+
+
+def _ref_rate(view: HostView, ref_members: tuple[int, ...]) -> float:
+    pair = weakest(list(ref_members), view.bandwidth)
+    return view.bandwidth[pair[0]][pair[1]] if pair else 1.0
+
+
+def _floors(view: HostView, ref_members: tuple[int, ...], limit: int) -> dict[str, float]:
+    key = ("floors", ref_members, limit)
+    cached = view.cache.get(key)
+    if cached is None:
+        ref = _ref_rate(view, ref_members)
+        lowest = min((view.bandwidth[a][b] for a in range(view.n) for b in range(a + 1, view.n)), default=ref)
+        same = min((view.bandwidth[a][b] for a in range(view.n) for b in range(a + 1, view.n)
+                    if view.node[a] == view.node[b]), default=ref)
+        good = same if limit == 1 else lowest
+        cached = {"best": 1.0, "good": min(1.0, good / ref), "any": min(1.0, lowest / ref)}
+        view.cache[key] = cached
+    return dict(cached)
+
+
+@dataclass(frozen=True, slots=True)
+class Assessment:
+    level: str
+    cost: float
+    best_cost: float
+    satisfaction: float
+    relative_bandwidth: float
+
+
+def assess(topology: Topology, distances: DistanceModel, gpus: list[int]) -> Assessment:
+    """Judge any GPU set (another allocator's, say) by topod's levels, unfiltered request."""
+    view = host_view(topology, distances)
+    members = [view.position[g] for g in gpus]
+    k = len(members)
+    everyone = list(range(view.n))
+    limit = good_node_limit(view, k, everyone, set())
+    ref_cost, ref_members = _reference(view, k, everyone, set(), limit, DEFAULT_POLICY.search_budget)
+    cost = set_cost(view, members)
+    pair = weakest(members, view.bandwidth)
+    rate = view.bandwidth[pair[0]][pair[1]] / _ref_rate(view, ref_members) if pair else 1.0
+    return Assessment(_level(len({view.node[p] for p in members}), limit, cost, ref_cost, k), cost, ref_cost,
+                      satisfaction(view, members), min(1.0, rate))

@@ -16,8 +16,8 @@ from topod.model import Gpu, Topology
 
 # The search minimises cost + DELTA_NODE x (pairs crossing NUMA nodes): among equal-cost
 # sets (an NVSwitch island spanning both sockets) the one on fewer nodes wins, while any
-# real cost difference (>= 1e-3 on every built-in weight table) still dominates.
-DELTA_NODE = 1e-6
+# real cost difference above 1e-5 per crossing pair still dominates.
+DELTA_NODE = 1e-5
 TWIN_TOLERANCE = 1e-9
 UNKNOWN_NODE = -1
 

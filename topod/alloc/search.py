@@ -1,123 +1,282 @@
-"""Minimum-cost GPU set search: exact branch and bound for small candidate pools,
-seeded greedy with swap refinement beyond (near-exact, milliseconds at 64 GPUs).
+"""Exact minimum-objective GPU set: branch and bound over twin-class counts.
 
-Cost of a set = sum of pairwise weights. Ties break on `secondary` (lower first), which
-the engine uses to keep the remaining free GPUs well connected.
+Objective of a set S: sum of pairwise weights w(a, b) over pairs in S plus a per-GPU
+term u(a) (packing, back-pressure). GPUs that are twins (same weight to everyone else,
+same u, same node) are interchangeable, so the search chooses how MANY of each class to
+take, not which: an 8-GPU NVSwitch node is one class, a PCIe switch with four GPUs is
+one class, and a 64-GPU host of such switches is a 16-class problem.
+
+Depth-first over classes in a fixed order, largest count first. Lower bound at depth t
+with r GPUs still to choose: every remaining GPU x of class d costs at least
+  g(d) + u(d) + 1/2 * (sum of the r-1 cheapest weights from x to the classes >= t)
+where g(d) is its exact weight to what is already chosen (each remaining pair is
+counted from both ends, hence 1/2). The r cheapest such values, respecting class sizes,
+bound the rest. The incumbent comes from greedy growth out of the most promising seeds,
+and the class order follows it, so the first leaf is usually optimal and the rest is
+proof. Constraints: at most `max_nodes` NUMA nodes, at most `node_cap[v]` GPUs on node v
+(CPU capacity), at least `lo[c]` of class c (must_include). A node budget bounds the
+work; past it the best set found is returned with exact=False.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
-EXACT_LIMIT = 16
-EPSILON = 1e-9
-
-
-def set_cost(members: Sequence[int], weight: list[list[float]]) -> float:
-    return sum(weight[a][b] for i, a in enumerate(members) for b in members[i + 1:])
+NODE_BUDGET = 200_000
+SEEDS = 8
 
 
-def best_set(
-    pool: Sequence[int],
-    size: int,
-    weight: list[list[float]],
-    secondary: Callable[[Sequence[int]], float],
-    required: Sequence[int] = (),
-    allowed: Callable[[Sequence[int]], bool] | None = None,
-) -> tuple[tuple[int, ...], float] | None:
-    """The cheapest `size`-set of `pool` (matrix indices) containing `required` for which
-    `allowed` holds; None when there is none."""
-    optional = [p for p in pool if p not in required]
-    if len(required) + len(optional) < size:
+@dataclass(frozen=True, slots=True)
+class Problem:
+    members: list[list[int]]  # class -> positions (must_include ones first)
+    lo: list[int]  # class -> GPUs it must give
+    unary: list[float]
+    intra: list[float]  # weight between two GPUs of one class
+    inter: list[list[float]]  # class x class weight
+    node: list[int]
+    node_cap: dict[int, int] | None = None
+    max_nodes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SearchResult:
+    members: tuple[int, ...]  # positions
+    objective: float
+    exact: bool
+    visited: int
+
+
+class _Budget(Exception):
+    pass
+
+
+def build_problem(candidates: list[int], must: set[int], twin: list[int], node: list[int],
+                  weight: list[list[float]], unary: dict[int, float] | None = None,
+                  node_cap: dict[int, int] | None = None, max_nodes: int | None = None) -> Problem:
+    """Classes from static twins, split further by unary value (twins with different
+    u are not interchangeable)."""
+    unary = unary or {}
+    keyed: dict[tuple, list[int]] = {}
+    for position in candidates:
+        keyed.setdefault((twin[position], round(unary.get(position, 0.0), 12)), []).append(position)
+    members = [sorted(group, key=lambda p: (p not in must, p)) for group in keyed.values()]
+    reps = [group[0] for group in members]
+    return Problem(
+        members=members,
+        lo=[sum(1 for p in group if p in must) for group in members],
+        unary=[unary.get(rep, 0.0) for rep in reps],
+        intra=[weight[group[0]][group[1]] if len(group) > 1 else 0.0 for group in members],
+        inter=[[weight[a][b] for b in reps] for a in reps],
+        node=[node[rep] for rep in reps],
+        node_cap=node_cap,
+        max_nodes=max_nodes,
+    )
+
+
+def solve(problem: Problem, k: int, budget: int = NODE_BUDGET) -> SearchResult | None:
+    """The minimum-objective k-set meeting the constraints; None when none exists."""
+    m = len(problem.members)
+    cap = [len(group) for group in problem.members]
+    if sum(cap) < k or sum(problem.lo) > k or k <= 0:
         return None
-    if len(optional) <= EXACT_LIMIT:
-        return _branch_and_bound(list(required), optional, size, weight, secondary, allowed)
-    return _greedy_swap(list(required), optional, size, weight, secondary, allowed)
+    incumbent = _greedy_incumbent(problem, cap, k)
+    order = _order(problem, cap, k, incumbent)
+    return _branch_and_bound(problem, cap, k, order, incumbent, budget)
 
 
-def _branch_and_bound(required, optional, size, weight, secondary, allowed):
-    best: list = [None, float("inf"), float("inf")]
-    need = size - len(required)
-    base = set_cost(required, weight)
-    inc0 = [sum(weight[x][r] for r in required) for x in optional]
-    min_pair = min((weight[a][b] for i, a in enumerate(optional) for b in optional[i + 1:]), default=0.0)
-
-    def visit(start: int, chosen: list[int], cost: float, inc: list[float]) -> None:
-        left = need - len(chosen)
-        if left == 0:
-            members = required + chosen
-            if allowed is not None and not allowed(members):
-                return
-            if cost < best[1] - EPSILON or (abs(cost - best[1]) <= EPSILON and secondary(members) < best[2]):
-                best[0], best[1], best[2] = tuple(members), cost, secondary(members)
-            return
-        remaining = range(start, len(optional))
-        if len(remaining) < left:
-            return
-        bound = cost + sum(sorted(inc[i] for i in remaining)[:left]) + min_pair * left * (left - 1) / 2
-        if bound > best[1] + EPSILON:
-            return
-        for i in remaining:
-            x = optional[i]
-            new_inc = [inc[j] + weight[x][optional[j]] for j in range(len(optional))]
-            chosen.append(x)
-            visit(i + 1, chosen, cost + inc[i], new_inc)
-            chosen.pop()
-
-    visit(0, [], base, inc0)
-    return (best[0], best[1]) if best[0] is not None else None
+def _neighbours(problem: Problem, cap: list[int]) -> list[list[tuple[float, int, int]]]:
+    m = len(cap)
+    out = []
+    for d in range(m):
+        row = [(problem.inter[d][e], cap[e], e) for e in range(m) if e != d]
+        if cap[d] > 1:
+            row.append((problem.intra[d], cap[d] - 1, d))
+        row.sort()
+        out.append(row)
+    return out
 
 
-def _greedy_swap(required, optional, size, weight, secondary, allowed):
-    seeds = optional if not required else [None]
-    candidates = []
-    for seed in _spread(seeds, 16):
-        chosen = list(required) + ([seed] if seed is not None else [])
-        rest = [x for x in optional if x not in chosen]
-        inc = {x: sum(weight[x][c] for c in chosen) for x in rest}
-        while len(chosen) < size and rest:
-            x = min(rest, key=lambda y: (inc[y], y))
-            chosen.append(x)
-            rest.remove(x)
-            for y in rest:
-                inc[y] += weight[y][x]
-        if len(chosen) == size:
-            candidates.append(_improve(chosen, required, optional, weight))
-    scored = []
-    for members in candidates:
-        if allowed is not None and not allowed(members):
+def _partner_sum(row: list[tuple[float, int, int]], allowed_from: int, rank: list[int], need: int) -> float:
+    """Sum of the `need` cheapest partner weights among classes ranked >= allowed_from."""
+    total = 0.0
+    for w, count, e in row:
+        if need <= 0:
+            break
+        if rank[e] < allowed_from:
             continue
-        scored.append((round(set_cost(members, weight), 9), secondary(members), tuple(members)))
-    if not scored:
-        return None
-    cost, _, members = min(scored)
-    return members, cost
+        take = count if count < need else need
+        total += take * w
+        need -= take
+    return total
 
 
-def _spread(items, limit):
-    if len(items) <= limit:
-        return list(items)
-    step = len(items) / limit
-    return [items[int(i * step)] for i in range(limit)]
+def _greedy_incumbent(problem: Problem, cap: list[int], k: int) -> tuple[float, list[int]] | None:
+    m = len(cap)
+    neighbours = _neighbours(problem, cap)
+    rank = [0] * m
+    root = sorted(range(m), key=lambda d: problem.unary[d] + 0.5 * _partner_sum(neighbours[d], 0, rank, k - 1))
+    best: tuple[float, list[int]] | None = None
+    for seed in [None, *root[:SEEDS]]:
+        found = _grow(problem, cap, k, seed)
+        if found is not None and (best is None or found[0] < best[0]):
+            best = found
+    return best
 
 
-def _improve(chosen, required, optional, weight):
-    members = list(chosen)
-    improved = True
-    while improved:
-        improved = False
-        for i, out in enumerate(members):
-            if out in required:
-                continue
-            others = members[:i] + members[i + 1:]
-            current = sum(weight[out][o] for o in others)
-            for candidate in optional:
-                if candidate in members:
-                    continue
-                if sum(weight[candidate][o] for o in others) < current - EPSILON:
-                    members[i] = candidate
-                    improved = True
-                    break
-            if improved:
+def _grow(problem: Problem, cap: list[int], k: int, seed: int | None) -> tuple[float, list[int]] | None:
+    m = len(cap)
+    inter, intra, node = problem.inter, problem.intra, problem.node
+    counts = [0] * m
+    marginal = list(problem.unary)  # cost of one more GPU of class c, intra pairs aside
+    used: dict[int, int] = {}
+    total, objective = 0, 0.0
+
+    def allowed(c: int, n: int) -> bool:
+        if counts[c] + n > cap[c]:
+            return False
+        v = node[c]
+        if problem.node_cap is not None and used.get(v, 0) + n > problem.node_cap.get(v, k):
+            return False
+        return not (problem.max_nodes is not None and used.get(v, 0) == 0 and len(used) >= problem.max_nodes)
+
+    def add(c: int, n: int) -> None:
+        nonlocal total, objective
+        objective += n * marginal[c] + intra[c] * (counts[c] * n + n * (n - 1) / 2)
+        counts[c] += n
+        total += n
+        used[node[c]] = used.get(node[c], 0) + n
+        row = inter[c]
+        for e in range(m):
+            if e != c:
+                marginal[e] += row[e] * n
+
+    for c in range(m):
+        if problem.lo[c]:
+            if not allowed(c, problem.lo[c]):
+                return None
+            add(c, problem.lo[c])
+    if seed is not None and total < k and allowed(seed, 1):
+        add(seed, 1)
+    while total < k:
+        pick, low = -1, float("inf")
+        for c in range(m):
+            value = marginal[c] + intra[c] * counts[c]
+            if value < low and allowed(c, 1):
+                pick, low = c, value
+        if pick < 0:
+            return None
+        add(pick, 1)
+    return objective, counts
+
+
+def _order(problem: Problem, cap: list[int], k: int, incumbent: tuple[float, list[int]] | None) -> list[int]:
+    """Forced classes first, then the incumbent's (fullest first), then the rest by
+    their weight to the incumbent: later depths then hold only poor classes, which makes
+    their bounds tight."""
+    m = len(cap)
+    counts = incumbent[1] if incumbent else [0] * m
+    pull = [problem.unary[d] + sum(problem.inter[d][e] * counts[e] for e in range(m) if e != d) for d in range(m)]
+    return sorted(range(m), key=lambda d: (problem.lo[d] == 0, counts[d] == 0, -counts[d], pull[d], d))
+
+
+def _branch_and_bound(problem: Problem, cap: list[int], k: int, order: list[int],
+                      incumbent: tuple[float, list[int]] | None, budget: int) -> SearchResult | None:
+    m = len(order)
+    rank = [0] * m
+    for position, c in enumerate(order):
+        rank[c] = position
+    # Everything below is indexed by depth (position in `order`).
+    cap_o = [cap[c] for c in order]
+    lo_o = [problem.lo[c] for c in order]
+    u_o = [problem.unary[c] for c in order]
+    intra_o = [problem.intra[c] for c in order]
+    node_o = [problem.node[c] for c in order]
+    inter_o = [[problem.inter[a][b] for b in order] for a in order]
+    neighbours = _neighbours(problem, cap)
+    rows_o = [[(w, count, rank[e]) for w, count, e in neighbours[c]] for c in order]
+    identity = list(range(m))
+    suffix = [0] * (m + 1)
+    for t in range(m - 1, -1, -1):
+        suffix[t] = suffix[t + 1] + cap_o[t]
+    node_cap, max_nodes = problem.node_cap, problem.max_nodes
+    half_partner: dict[tuple[int, int, int], float] = {}
+
+    best = incumbent[0] if incumbent else float("inf")
+    best_counts = [incumbent[1][c] for c in order] if incumbent else None
+    counts = [0] * m
+    g = [0.0] * m
+    used: dict[int, int] = {}
+    visited = 0
+
+    def bound(t: int, r: int, current: float) -> float:
+        values = []
+        for d in range(t, m):
+            key = (t, d, r)
+            half = half_partner.get(key)
+            if half is None:
+                half = 0.5 * _partner_sum(rows_o[d], t, identity, r - 1)
+                half_partner[key] = half
+            values.append((g[d] + u_o[d] + half, cap_o[d]))
+        values.sort()
+        total, need = current, r
+        for value, count in values:
+            take = count if count < need else need
+            total += take * value
+            need -= take
+            if need == 0:
                 break
-    return members
+        return total
+
+    def dfs(t: int, r: int, current: float) -> None:
+        nonlocal best, best_counts, visited
+        visited += 1
+        if visited > budget:
+            raise _Budget
+        if r == 0:
+            if current < best - _eps(best):
+                best, best_counts = current, counts[:]
+            return
+        if t == m or suffix[t] < r:
+            return
+        if bound(t, r, current) >= best - _eps(best):
+            return
+        high = min(cap_o[t], r)
+        low = max(lo_o[t], r - suffix[t + 1])
+        v = node_o[t]
+        row = inter_o[t]
+        for n in range(high, low - 1, -1):
+            if n > 0:
+                have = used.get(v, 0)
+                if node_cap is not None and have + n > node_cap.get(v, k):
+                    continue
+                if max_nodes is not None and have == 0 and len(used) >= max_nodes:
+                    continue
+                used[v] = have + n
+                for d in range(t + 1, m):
+                    g[d] += row[d] * n
+            counts[t] = n
+            dfs(t + 1, r - n, current + n * (g[t] + u_o[t]) + intra_o[t] * n * (n - 1) / 2)
+            if n > 0:
+                for d in range(t + 1, m):
+                    g[d] -= row[d] * n
+                if used[v] == n:
+                    del used[v]
+                else:
+                    used[v] -= n
+        counts[t] = 0
+
+    exact = True
+    try:
+        dfs(0, k, 0.0)
+    except _Budget:
+        exact = False
+    if best_counts is None:
+        return None
+    chosen: list[int] = []
+    for depth, n in enumerate(best_counts):
+        chosen.extend(problem.members[order[depth]][:n])
+    return SearchResult(tuple(sorted(chosen)), best, exact, visited)
+
+
+def _eps(best: float) -> float:
+    return 1e-10 + 1e-13 * abs(best) if best != float("inf") else 0.0

@@ -106,6 +106,15 @@ class IrqBalancer:
         body["cycles"] = self.cycles
         return body
 
+    def summary(self) -> str:
+        """One line for sd_notify STATUS and `topoctl status`."""
+        if self.last is None:
+            return "irq: no cycle yet"
+        last = self.last
+        held = " (yielding to irqbalance)" if last.irqbalance.running and not last.applied else ""
+        return (f"irq {last.mode}{held}: {last.moves} moved last cycle, {len(self.unsettable)} kernel-managed, "
+                f"{len(self.retries)} retrying")
+
     def cycle(self, topology: Topology, leased_cpus: Iterable[int] = (), *, mode: str | None = None) -> CycleReport:
         mode = mode or self.settings.mode
         if mode not in MODES:

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from topod.cpulist import format_cpulist, parse_cpulist
 from topod.errors import ConfigError
 from topod.irq.classify import IRQ_CLASSES, IrqInfo
-from topod.irq.refine import Weights, imbalance, refine
+from topod.irq.refine import Weights, background_load, delivered_cpu, imbalance, refine
 from topod.model import Cpu, PciDevice, Topology
 
 POLICIES = ("spread", "pin-node", "leave")
@@ -103,8 +103,10 @@ def _is_cpulist(value: str) -> bool:
         return False
 
 
-@dataclass(frozen=True, slots=True)
-class PlanEntry:
+class PlanEntry(NamedTuple):
+    """One IRQ's plan. A NamedTuple rather than a frozen dataclass: the planner makes one
+    per IRQ (4,096 on a big host) and a frozen dataclass costs ~5x more to build."""
+
     irq: int
     name: str | None
     device: str | None
@@ -166,6 +168,12 @@ class PlanInput:
 class _Pool:
     order: tuple[int, ...]  # eligible CPUs, physical cores first, then siblings, each in core order
     reason: str
+    position: Mapping[int, int] = field(default_factory=dict)
+    ring: tuple[int, ...] = ()  # order twice: the CPUs after any one are a slice
+
+
+def _pool(order: tuple[int, ...], reason: str) -> _Pool:
+    return _Pool(order, reason, {cpu: i for i, cpu in enumerate(order)}, order + order)
 
 
 def plan_irqs(topology: Topology, inputs: PlanInput, settings: IrqSettings) -> Plan:
@@ -173,19 +181,28 @@ def plan_irqs(topology: Topology, inputs: PlanInput, settings: IrqSettings) -> P
     devices = {device.address: device for device in topology.pci_devices}
     excluded = _excluded(topology, inputs.leased_cpus, settings)
     pools: dict[str | None, _Pool | None] = {}
+    by_cpus: dict[tuple[int, ...], _Pool | None] = {}  # devices with the same near CPUs share one pool
+    shared: dict[tuple[str | None, str], tuple] = {}  # (device, class) -> decision, when no IRQ override applies
     decided: dict[int, tuple[str, tuple[int, ...] | None, str, _Pool | None]] = {}
     for irq in sorted(inputs.irqs):
         info = inputs.irqs[irq]
         device = devices.get(info.device) if info.device else None
         if info.device not in pools:
-            pools[info.device] = _device_pool(topology, device, cpus, excluded, settings)
-        decided[irq] = _decide(info, device, pools[info.device], cpus, inputs, settings)
+            pools[info.device] = _device_pool(topology, device, cpus, excluded, settings, by_cpus)
+        if irq in inputs.unsettable or _irq_override(info, settings) is not None:
+            decided[irq] = _decide(info, device, pools[info.device], cpus, inputs, settings)
+            continue
+        key = (info.device, info.irq_class)
+        if key not in shared:
+            shared[key] = _decide(info, device, pools[info.device], cpus, inputs, settings)
+        decided[irq] = shared[key]
     spread, groups = _spread(inputs, decided)
     notes: list[str] = []
     before = after = None
     if inputs.weights is not None and spread:
-        background = _background(inputs, decided)
-        before = imbalance(_delivered(inputs, spread), inputs.weights, background, groups)
+        not_spread = {irq for irq, d in decided.items() if d[0] != "spread" or irq in inputs.unsettable}
+        background = background_load(not_spread, inputs.weights, inputs.effective, inputs.current)
+        before = imbalance(delivered_cpu(spread, inputs.effective, inputs.current), inputs.weights, background, groups)
         spread, moved = refine(spread, groups, inputs.weights, background, inputs.cooling, settings.min_gain)
         after = imbalance(spread, inputs.weights, background, groups)
         for irq, why in moved.items():
@@ -196,8 +213,9 @@ def plan_irqs(topology: Topology, inputs: PlanInput, settings: IrqSettings) -> P
         info = inputs.irqs[irq]
         if irq in spread and planned is None:
             planned = (spread[irq],)
-        alternatives = _alternatives(pool, planned) if policy == "spread" and planned else ()
-        entries.append(PlanEntry(irq, info.name, info.device, info.irq_class, policy, inputs.current.get(irq),
+        current = inputs.current.get(irq)
+        alternatives = _alternatives(pool, planned) if policy == "spread" and planned and planned != current else ()
+        entries.append(PlanEntry(irq, info.name, info.device, info.irq_class, policy, current,
                                  planned, irq in inputs.unsettable, reason, alternatives, inputs.effective.get(irq)))
     if inputs.weights is None:
         notes.append("no rates this cycle: placement by IRQ count only")
@@ -220,27 +238,36 @@ def _near_cpus(topology: Topology, device: PciDevice, cpus: Mapping[int, Cpu]) -
 
 
 def _device_pool(topology: Topology, device: PciDevice | None, cpus: Mapping[int, Cpu],
-                 excluded: frozenset[int], settings: IrqSettings) -> _Pool | None:
+                 excluded: frozenset[int], settings: IrqSettings,
+                 cache: dict[tuple[int, ...], _Pool | None]) -> _Pool | None:
     if device is None:
         return None
     near, node = _near_cpus(topology, device, cpus)
+    key = (node if node is not None else -1, *near)
+    if key not in cache:
+        cache[key] = _pool_for(topology, near, node, cpus, excluded, settings)
+    return cache[key]
+
+
+def _pool_for(topology: Topology, near: list[int], node: int | None, cpus: Mapping[int, Cpu],
+              excluded: frozenset[int], settings: IrqSettings) -> _Pool | None:
     if not near:
         eligible = [c for c in cpus if c not in excluded]
-        return _Pool(_core_order(eligible, cpus), "device's NUMA node unknown: all eligible CPUs") if eligible else None
+        return _pool(_core_order(eligible, cpus), "device's NUMA node unknown: all eligible CPUs") if eligible else None
     eligible = [c for c in near if c not in excluded]
     if eligible:
-        return _Pool(_core_order(eligible, cpus), f"spread over node {node}'s eligible CPUs")
+        return _pool(_core_order(eligible, cpus), f"spread over node {node}'s eligible CPUs")
     blocked = frozenset(topology.isolated_cpus) | frozenset(topology.nohz_full_cpus) | settings.banned_cpus
     housekeeping = [c for c in near if c in settings.housekeeping_cpus and c not in blocked]
     if housekeeping:
-        return _Pool(_core_order(housekeeping, cpus),
+        return _pool(_core_order(housekeeping, cpus),
                      f"leases hold all CPUs near the device: using node {node}'s housekeeping CPUs")
     for other, distance in _nodes_by_distance(topology, node):
         node_cpus = [c for c in topology.node(other).cpus if c in cpus]  # type: ignore[union-attr]
         candidates = [c for c in node_cpus if c not in excluded] or \
                      [c for c in node_cpus if c in settings.housekeeping_cpus and c not in blocked]
         if candidates:
-            return _Pool(_core_order(candidates, cpus),
+            return _pool(_core_order(candidates, cpus),
                          f"no eligible CPU on node {node} (leased, isolated or banned): "
                          f"using nearest node {other} (SLIT distance {distance})")
     return None
@@ -289,10 +316,19 @@ def _decide(info: IrqInfo, device: PciDevice | None, pool: _Pool | None, cpus: M
     return policy, None, f"{origin}: spread, {pool.reason}", pool
 
 
-def _policy_for(info: IrqInfo, device: PciDevice | None, settings: IrqSettings) -> tuple[str, str]:
+def _irq_override(info: IrqInfo, settings: IrqSettings) -> tuple[str, str] | None:
+    if not settings.irq_overrides:
+        return None
     for key in (str(info.irq), info.name):
         if key is not None and key in settings.irq_overrides:
             return settings.irq_overrides[key], f"IRQ override {key!r}"
+    return None
+
+
+def _policy_for(info: IrqInfo, device: PciDevice | None, settings: IrqSettings) -> tuple[str, str]:
+    override = _irq_override(info, settings)
+    if override is not None:
+        return override
     if device is not None:
         for key in (device.address, *device.names):
             if key in settings.device_overrides:
@@ -361,32 +397,9 @@ def balance(order: tuple[int, ...], irqs: list[int], previous: Mapping[int, int]
     return placed
 
 
-def _delivered(inputs: PlanInput, spread: Mapping[int, int]) -> dict[int, int]:
-    out = {}
-    for irq in spread:
-        cpus = inputs.effective.get(irq) or inputs.current.get(irq)
-        if cpus:
-            out[irq] = cpus[0]
-    return out
-
-
-def _background(inputs: PlanInput, decided: Mapping[int, tuple]) -> dict[int, float]:
-    """Load of the IRQs the planner does not spread, on the CPUs they are delivered to."""
-    weights = inputs.weights or {}
-    load: dict[int, float] = {}
-    for irq, (policy, _, _, _) in decided.items():
-        if policy == "spread" and irq not in inputs.unsettable:
-            continue
-        cpus = inputs.effective.get(irq) or inputs.current.get(irq)
-        if cpus and weights.get(irq):
-            for cpu in cpus:
-                load[cpu] = load.get(cpu, 0.0) + weights[irq] / len(cpus)
-    return load
-
-
 def _alternatives(pool: _Pool | None, planned: tuple[int, ...]) -> tuple[int, ...]:
-    if pool is None or len(planned) != 1 or planned[0] not in pool.order:
+    start = pool.position.get(planned[0]) if pool is not None and len(planned) == 1 else None
+    if start is None:
         return ()
-    start = pool.order.index(planned[0])
-    rotated = pool.order[start + 1:] + pool.order[:start]
-    return rotated[:ENOSPC_ALTERNATIVES]
+    count = min(ENOSPC_ALTERNATIVES, len(pool.order) - 1)  # type: ignore[union-attr]
+    return pool.ring[start + 1:start + 1 + count]  # type: ignore[union-attr]

@@ -17,6 +17,30 @@ _DESTINATIONS = 8  # least-loaded CPUs tried per step
 _CANDIDATES = 4  # hottest (and coldest) IRQs tried per CPU
 
 
+Affinity = Mapping[int, "tuple[int, ...] | None"]
+
+
+def delivered_cpu(irqs: Mapping[int, int], effective: Affinity, requested: Affinity) -> dict[int, int]:
+    """Where each IRQ is delivered now (its first effective CPU), for the 'before' figure."""
+    out = {}
+    for irq in irqs:
+        cpus = effective.get(irq) or requested.get(irq)
+        if cpus:
+            out[irq] = cpus[0]
+    return out
+
+
+def background_load(irqs: set[int], weights: Weights, effective: Affinity, requested: Affinity) -> dict[int, float]:
+    """Load of the IRQs the planner does not spread, on the CPUs they are delivered to."""
+    load: dict[int, float] = {}
+    for irq in irqs:
+        cpus = effective.get(irq) or requested.get(irq)
+        if cpus and weights.get(irq):
+            for cpu in cpus:
+                load[cpu] = load.get(cpu, 0.0) + weights[irq] / len(cpus)
+    return load
+
+
 def cpu_loads(assignment: Mapping[int, int], weights: Weights, background: Mapping[int, float],
               cpus: tuple[int, ...] | set[int]) -> dict[int, float]:
     load = {cpu: background.get(cpu, 0.0) for cpu in cpus}

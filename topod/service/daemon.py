@@ -40,6 +40,7 @@ class Daemon:
         self.bus.add_listener(self._log_event)
         self.started = time.time()
         self.topology = discover(self.host)
+        self.discovered = self.topology  # before any measured correction
         self.allowed_group = group_id(config.get("daemon", "group"))
         self.store = LeaseStore(config.get("daemon", "state_dir"))
         self.alloc = AllocationService(self.topology, self.store, self.bus, config.section("alloc"),
@@ -202,12 +203,9 @@ class Daemon:
 
             self.irq = IrqTask(self)
         if self.config.get("probe", "enabled"):
-            try:
-                from topod.service.probe_task import ProbeTask
-            except ModuleNotFoundError:
-                self.probe = None
-            else:
-                self.probe = ProbeTask(self)
+            from topod.service.probe_task import ProbeTask
+
+            self.probe = ProbeTask(self)
 
     async def _loop(self, name: str, interval: float, step) -> None:
         self.supervisor.register(name, max(interval * 5, float(self.config.get("watchdog", "loop_deadline_seconds"))))
@@ -247,8 +245,9 @@ class Daemon:
 
     def rediscover(self) -> bool:
         new = discover(self.host)
-        if topology_to_json(new) == topology_to_json(self.topology):
+        if topology_to_json(new) == topology_to_json(self.discovered):
             return False
+        self.discovered = new
         old_gpus = {g.address for g in self.topology.gpus}
         new_gpus = {g.address for g in new.gpus}
         self.topology = new

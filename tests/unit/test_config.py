@@ -1,0 +1,52 @@
+from pathlib import Path
+
+import pytest
+
+from topod.config import SCHEMA, defaults, load_config, parse_config
+from topod.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_shipped_config_is_valid_and_documents_every_key():
+    config = load_config(str(REPO / "etc" / "topod.toml"))
+    text = (REPO / "etc" / "topod.toml").read_text()
+    for section, keys in SCHEMA.items():
+        assert f"[{section}]" in text
+        for key in keys:
+            if key not in ("policy", "irq_overrides", "device_overrides"):
+                assert f"\n{key} =" in text, f"{section}.{key} undocumented"
+    assert config.values == {**defaults().values, "cluster": {}}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[nope]\n", "nope: unknown section"),
+        ("[irq]\nmodee = 'off'\n", "irq.modee: unknown key"),
+        ("[irq]\nmode = 'sometimes'\n", "irq.mode: 'sometimes' is not one of"),
+        ("[irq]\ninterval_seconds = 'ten'\n", "irq.interval_seconds: expected a number"),
+        ("[irq]\ninterval_seconds = -1\n", "irq.interval_seconds: must not be negative"),
+        ("[alloc]\nreserved_cpus = '0-x'\n", "alloc.reserved_cpus"),
+        ("[alloc]\nmax_queue = true\n", "alloc.max_queue: expected an integer"),
+        ("[daemon]\nsocket_mode = '0999'\n", "daemon.socket_mode: expected an octal mode"),
+        ("[cluster]\nrack = 12\n", "cluster.rack: expected a string"),
+        ("[cluster]\n'bad key!' = 'x'\n", "cluster.bad key!"),
+        ("this is not toml", "not valid TOML"),
+    ],
+)
+def test_bad_config_names_the_key_and_reason(text, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("?", r"\?")):
+        parse_config(text)
+
+
+def test_missing_config_file_is_a_clear_error(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(str(tmp_path / "none.toml"))
+
+
+def test_values_override_defaults_and_leave_the_rest():
+    config = parse_config("[irq]\nmode = 'off'\n[cluster]\nrack = 'r12'\n")
+    assert config.get("irq", "mode") == "off"
+    assert config.get("irq", "interval_seconds") == 10.0
+    assert config.section("cluster") == {"rack": "r12"}
