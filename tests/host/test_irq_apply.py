@@ -119,8 +119,10 @@ def test_running_irqbalance_with_yield_is_reported_loudly_and_nothing_is_written
     (root / "proc/4242").mkdir()
     (root / "proc/4242/comm").write_text("irqbalance\n")
     kernel = Kernel(host)
-    report = IrqBalancer(host, IrqSettings(irqbalance="yield"), clock=Clock()).cycle(topology)
+    balancer = IrqBalancer(host, IrqSettings(irqbalance="yield"), clock=Clock())
+    report = balancer.cycle(topology)
     assert kernel.writes == [] and report.irqbalance.running
+    assert "yielding to irqbalance" in balancer.summary()
     assert any("IRQBALANCE RUNNING" in n and "/proc/4242/comm" in n for n in report.notes)
     assert report.status[_first_rdma_queue(root)] == "held"
 

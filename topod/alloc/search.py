@@ -120,7 +120,57 @@ def _greedy_incumbent(problem: Problem, cap: list[int], k: int) -> tuple[float, 
         found = _grow(problem, cap, k, seed)
         if found is not None and (best is None or found[0] < best[0]):
             best = found
-    return best
+    return _improve(problem, cap, k, best) if best is not None else None
+
+
+def _improve(problem: Problem, cap: list[int], k: int, start: tuple[float, list[int]]) -> tuple[float, list[int]]:
+    """Move one GPU between classes while that lowers the objective (first improvement
+    is not enough on hierarchical hosts; take the best move each round)."""
+    m = len(cap)
+    inter, intra, node = problem.inter, problem.intra, problem.node
+    objective, counts = start[0], list(start[1])
+    h = [problem.unary[c] + sum(inter[c][e] * counts[e] for e in range(m) if e != c) for c in range(m)]
+    used: dict[int, int] = {}
+    for c in range(m):
+        if counts[c]:
+            used[node[c]] = used.get(node[c], 0) + counts[c]
+    for _ in range(4 * k + m):
+        best_delta, move = -1e-12, None
+        for a in range(m):
+            if counts[a] <= problem.lo[a]:
+                continue
+            save = h[a] + intra[a] * (counts[a] - 1)
+            row = inter[a]
+            va = node[a]
+            for b in range(m):
+                if b == a or counts[b] >= cap[b]:
+                    continue
+                delta = h[b] + intra[b] * counts[b] - row[b] - save
+                if delta >= best_delta:
+                    continue
+                vb = node[b]
+                if vb != va:
+                    have = used.get(vb, 0)
+                    if problem.node_cap is not None and have + 1 > problem.node_cap.get(vb, k):
+                        continue
+                    if (problem.max_nodes is not None and have == 0
+                            and len(used) - (1 if used.get(va, 0) == 1 else 0) >= problem.max_nodes):
+                        continue
+                best_delta, move = delta, (a, b)
+        if move is None:
+            break
+        a, b = move
+        objective += best_delta
+        for c, step in ((a, -1), (b, 1)):
+            counts[c] += step
+            used[node[c]] = used.get(node[c], 0) + step
+            if used[node[c]] == 0:
+                del used[node[c]]
+            row = inter[c]
+            for e in range(m):
+                if e != c:
+                    h[e] += row[e] * step
+    return objective, counts
 
 
 def _grow(problem: Problem, cap: list[int], k: int, seed: int | None) -> tuple[float, list[int]] | None:
@@ -194,12 +244,26 @@ def _branch_and_bound(problem: Problem, cap: list[int], k: int, order: list[int]
     inter_o = [[problem.inter[a][b] for b in order] for a in order]
     neighbours = _neighbours(problem, cap)
     rows_o = [[(w, count, rank[e]) for w, count, e in neighbours[c]] for c in order]
-    identity = list(range(m))
     suffix = [0] * (m + 1)
     for t in range(m - 1, -1, -1):
         suffix[t] = suffix[t + 1] + cap_o[t]
     node_cap, max_nodes = problem.node_cap, problem.max_nodes
-    half_partner: dict[tuple[int, int, int], float] = {}
+    # prefix[t][d][j] = 1/2 x the j cheapest partner weights of a class-d GPU among depths >= t
+    prefix: list[list[list[float] | None]] = [[None] * m for _ in range(m)]
+
+    def partners(t: int, d: int) -> list[float]:
+        out = [0.0]
+        total = 0.0
+        for w, count, e in rows_o[d]:
+            if e < t:
+                continue
+            for _ in range(min(count, k - len(out))):
+                total += 0.5 * w
+                out.append(total)
+            if len(out) >= k:
+                break
+        prefix[t][d] = out
+        return out
 
     best = incumbent[0] if incumbent else float("inf")
     best_counts = [incumbent[1][c] for c in order] if incumbent else None
@@ -210,12 +274,10 @@ def _branch_and_bound(problem: Problem, cap: list[int], k: int, order: list[int]
 
     def bound(t: int, r: int, current: float) -> float:
         values = []
+        row = prefix[t]
         for d in range(t, m):
-            key = (t, d, r)
-            half = half_partner.get(key)
-            if half is None:
-                half = 0.5 * _partner_sum(rows_o[d], t, identity, r - 1)
-                half_partner[key] = half
+            sums = row[d] or partners(t, d)
+            half = sums[r - 1] if r - 1 < len(sums) else sums[-1]
             values.append((g[d] + u_o[d] + half, cap_o[d]))
         values.sort()
         total, need = current, r

@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     except TopodError as exc:
         print(f"topod: {exc}", file=sys.stderr)
         return 1
-    except OSError as exc:
+    except (OSError, ValueError) as exc:
         print(f"topod: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -52,12 +52,14 @@ def _refuse_if_live(path: str) -> None:
 
 
 def take_listening_socket(config: Config) -> tuple[socket.socket, str]:
-    from topod.service.listenfds import listen_fds
+    from topod.service.listenfds import listen_fds, select_socket
 
     inherited = listen_fds()
     if inherited:
-        name, sock = next(iter(inherited.items()))
-        return sock, f"systemd socket activation ({name})"
+        sock = select_socket(inherited)
+        if sock is None:
+            raise OSError(f"socket activation passed {sorted(inherited)} but no listening AF_UNIX stream socket")
+        return sock, f"systemd socket activation ({', '.join(sorted(inherited))})"
     from topod.api.peer import group_id
 
     path = config.get("daemon", "socket")
