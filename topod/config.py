@@ -47,6 +47,8 @@ SCHEMA: dict[str, dict[str, tuple[object, object]]] = {
         "device_overrides": (dict, {}),
         "min_gain": (float, 0.2),
         "cooldown_seconds": (float, 60.0),
+        "retry_base_seconds": (float, 10.0),
+        "retry_max_seconds": (float, 600.0),
     },
     "probe": {
         "enabled": (bool, True),
@@ -171,6 +173,13 @@ def _validate(section: str, key: str, value: Any) -> Any:
             int(value, 8)
         except ValueError as exc:
             raise ConfigError(f"{where}: expected an octal mode like \"0660\"") from exc
+    if (section, key) == ("export", "metrics_tcp") and value:
+        from topod.service.server import parse_listen_address
+
+        try:
+            parse_listen_address(value)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
     return value
 
 

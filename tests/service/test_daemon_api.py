@@ -176,3 +176,23 @@ def test_curl_unix_socket_works_as_documented(daemon_factory):
     metrics = subprocess.run(["curl", "-s", "--unix-socket", daemon.socket, "http://topod/metrics"],
                              capture_output=True, text=True, timeout=20).stdout
     assert 'topod_gpus{state="leased"} 2.0' in metrics
+
+
+def test_optional_tcp_metrics_listener_and_nccl_file(daemon_factory, tmp_path):
+    import urllib.request
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    nccl = tmp_path / "nccl" / "virtualTopology.xml"
+    daemon = daemon_factory(config=f'[irq]\nmode = "off"\n[probe]\nenabled = false\n[export]\n'
+                                   f'metrics_tcp = "{port}"\nwrite_nccl_topology = true\n'
+                                   f'nccl_topology_file = "{nccl}"\n')
+    client = daemon.start()
+    client.allocate(3)
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    assert 'topod_gpus{state="leased"} 3.0' in body
+    import xml.etree.ElementTree as ET
+
+    root = ET.fromstring(nccl.read_text())
+    assert root.tag == "system" and len(root.findall(".//gpu")) == 8

@@ -235,11 +235,10 @@ def _reference(view: HostView, k: int, eligible: list[int], must: set[int], limi
 
 def packing_phi(view: HostView, busy: set[int], free: list[int]) -> dict[int, float]:
     """Per free GPU: mean share of its groups still free (1.0 = taking it breaks whole groups)."""
-    free_in: dict[tuple[str, object], int] = {}
-    for p in range(view.n):
-        if p not in busy:
-            for key in view.groups[p]:
-                free_in[key] = free_in.get(key, 0) + 1
+    free_in = dict(view.group_size)
+    for p in busy:
+        for key in view.groups[p]:
+            free_in[key] -= 1
     phi = {}
     for p in free:
         keys = view.groups[p]

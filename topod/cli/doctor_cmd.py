@@ -32,14 +32,34 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     doctor.add_argument("--irq-plan-file", default=None, metavar="FILE",
                         help="JSON object {irq: [cpus]}: where the IRQ plan puts each vector")
     doctor.add_argument("--verbose", "-v", action="store_true", help="list every file each finding read")
+    doctor.add_argument("--socket", default=None,
+                        help="ask this daemon for leases and the IRQ plan (default $TOPOD_SOCKET or "
+                             "/run/topod/topod.sock when it exists; none: host-only checks)")
     doctor.set_defaults(handler=run_doctor)
 
 
 def fetch_daemon_data(args: argparse.Namespace) -> tuple[list[dict] | None, dict | None]:
     """(leases, irq_plan) from a running daemon, or (None, None) when there is none.
 
-    The lead wires the API client in here; doctor itself never needs the daemon."""
-    return None, None
+    Doctor never needs the daemon; with one, leases and the IRQ plan sharpen the checks."""
+    import os
+
+    from topod.client import ApiError, Client, default_socket
+
+    path = getattr(args, "socket", None) or default_socket()
+    if not os.path.exists(path):
+        return None, None
+    client = Client(path, timeout=5)
+    try:
+        leases = [{"id": lease["id"], "owner": str(lease.get("job") or lease["owner_uid"]), "gpus": lease["gpus"],
+                   "cpus": lease["cpus"], "pids": [p for p in (lease.get("owner_pid"),) if p]}
+                  for lease in client.leases()]
+        report = client.request("GET", "/v1/irqs")
+    except ApiError:
+        return None, None
+    plan = {str(entry["irq"]): entry.get("planned") or entry.get("current") or []
+            for entry in report.get("irqs", [])}
+    return leases, plan or None
 
 
 def _load_json(path: str, what: str) -> object:

@@ -171,6 +171,12 @@ class Daemon:
                  reclaimed=recovered, gpus=len(self.topology.gpus), warnings=len(self.topology.warnings))
         self._start_optional_subsystems()
         runner = await serve(self, self.config, listen)
+        metrics_runner = None
+        if self.config.get("export", "metrics_tcp"):
+            from topod.service.server import serve_metrics_tcp
+
+            metrics_runner = await serve_metrics_tcp(self, self.config.get("export", "metrics_tcp"))
+        self.write_nccl_topology()
         try:
             async with asyncio.TaskGroup() as tasks:
                 tasks.create_task(self._loop("reaper", REAP_INTERVAL, self._reap_once))
@@ -189,9 +195,28 @@ class Daemon:
             pass
         finally:
             await runner.cleanup()
+            if metrics_runner is not None:
+                await metrics_runner.cleanup()
             self.alloc.owner_watch.close()
             self.store.close()
             log.info("daemon_stopped")
+
+    def write_nccl_topology(self) -> None:
+        """[export] write_nccl_topology: the host's NCCL topology file, with corrected locality."""
+        if not self.config.get("export", "write_nccl_topology") or not self.topology.gpus:
+            return
+        from topod.export.nccl import build_nccl_xml, read_nccl_host_facts, render_nccl_xml, write_nccl_topology
+
+        path = self.config.get("export", "nccl_topology_file")
+        try:
+            facts = read_nccl_host_facts(self.host, self.topology)
+            xml = build_nccl_xml(self.topology, cpu_identity=facts.cpu_identity, net_names=facts.net_names,
+                                 subsystem_ids=facts.subsystem_ids, gdr=facts.gdr)
+            write_nccl_topology(render_nccl_xml(xml), path=path)
+        except (OSError, TopodError, ValueError) as exc:
+            log.warning("nccl_topology_not_written", path=path, reason=str(exc))
+            return
+        log.info("nccl_topology_written", path=path)
 
     def stop(self) -> None:
         self._stop.set()
@@ -257,6 +282,7 @@ class Daemon:
         self._wake_irq.set()
         if self.probe is not None:
             self.probe.topology_changed()
+        self.write_nccl_topology()
         self.alloc.process_queue()
         return True
 

@@ -80,3 +80,29 @@ async def serve(daemon, config: Config, listen: socket.socket | None = None) -> 
     await site.start()
     log.info("api_listening", where=where)
     return runner
+
+
+def parse_listen_address(spec: str) -> tuple[str, int]:
+    """'9464' or ':9464' -> loopback; 'HOST:PORT' as given. ValueError otherwise."""
+    host, _, port = spec.rpartition(":")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"export.metrics_tcp: {spec!r} is not [HOST:]PORT")
+    return (host.strip("[]") or "127.0.0.1"), int(port)
+
+
+async def serve_metrics_tcp(daemon, spec: str) -> web.AppRunner:
+    """The optional TCP listener: /metrics only, nothing that changes state."""
+    host, port = parse_listen_address(spec)
+
+    async def metrics(request: web.Request) -> web.Response:
+        response = web.Response(body=daemon.metrics_text().encode())
+        response.headers["Content-Type"] = "text/plain; version=0.0.4; charset=utf-8"
+        return response
+
+    app = web.Application()
+    app.add_routes([web.get("/metrics", metrics)])
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    log.info("metrics_listening", host=host, port=port)
+    return runner
