@@ -39,12 +39,12 @@ def host(tmp_path_factory):
 
 
 def brute_force_min(distances: DistanceModel, candidates: list[int], k: int, must: tuple[int, ...] = ()) -> float:
+    weight = {(a, b): distances.gpus(a, b).weight for a in candidates for b in candidates}
     rest = [g for g in candidates if g not in must]
     best = float("inf")
     for extra in combinations(rest, k - len(must)):
         chosen = list(must) + list(extra)
-        cost = sum(distances.gpus(a, b).weight for i, a in enumerate(chosen) for b in chosen[i + 1:])
-        best = min(best, cost)
+        best = min(best, sum(weight[a, b] for i, a in enumerate(chosen) for b in chosen[i + 1:]))
     return best
 
 

@@ -132,7 +132,7 @@ def _greedy_incumbent(problem: Problem, cap: list[int], k: int,
     rank = [0] * m
     root = sorted(range(m), key=lambda d: problem.unary[d] + 0.5 * _partner_sum(neighbours[d], 0, rank, k - 1))
     best: tuple[float, list[int]] | None = None
-    for seed in [None, *root[:SEEDS]]:
+    for seed in [None, *root[:min(SEEDS, max(1, m // 4))]]:
         found = _grow(problem, cap, k, seed)
         if found is not None and (best is None or found[0] < best[0]):
             best = found

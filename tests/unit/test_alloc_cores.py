@@ -1,0 +1,121 @@
+"""CPUs for chosen GPUs: whole cores on the GPU's node, never isolated, nohz_full,
+reserved or leased CPUs, contiguous and L3-sharing, with the 'any' fallback marked."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from topod.alloc.cores import assign_cpus
+from topod.alloc.engine import allocate
+from topod.alloc.errors import InsufficientCpusError
+from topod.alloc.request import FreeState, Request
+from topod.discover import discover
+from topod.distance import DistanceModel
+from topod.host import HostRoot
+from topod.hostspec import build_host, load_builtin_spec
+
+
+@pytest.fixture(scope="module")
+def h800(tmp_path_factory):
+    root = build_host(load_builtin_spec("h800-8gpu"), tmp_path_factory.mktemp("h800"))
+    topology = discover(HostRoot(root), live_nvml=False)
+    return topology, DistanceModel(topology)
+
+
+@pytest.fixture(scope="module")
+def h800_isolated(tmp_path_factory):
+    spec = load_builtin_spec("h800-8gpu")
+    spec["cpu"] = {**spec["cpu"], "isolated": "0-3", "nohz_full": "4-5"}
+    root = build_host(spec, tmp_path_factory.mktemp("h800-isolated"))
+    topology = discover(HostRoot(root), live_nvml=False)
+    return topology, DistanceModel(topology)
+
+
+def _core(cpu: int) -> int:
+    return cpu % 32  # h800 fixture: 32 cores, CPU c and c+32 are hyper-thread siblings
+
+
+def test_each_gpu_gets_whole_cores_on_its_own_node(h800):
+    topology, distances = h800
+    decision = allocate(topology, distances, FreeState(), Request(gpus=8, cpus_per_gpu=4, level="any"))
+    seen: set[int] = set()
+    for gpu, cpus in decision.cpus.items():
+        assert len(cpus) == 4
+        node = topology.gpu(gpu).numa_node
+        assert {topology.cpu(c).numa_node for c in cpus} == {node}
+        for cpu in cpus:
+            assert set(topology.cpu(cpu).siblings) <= set(cpus), "both hyper-threads of a core together"
+        assert not seen & set(cpus)
+        seen |= set(cpus)
+    assert not decision.cpu_fallback
+
+
+def test_odd_cpu_count_is_rounded_up_to_whole_cores_and_said(h800):
+    topology, distances = h800
+    decision = allocate(topology, distances, FreeState(), Request(gpus=1, cpus_per_gpu=3))
+    (cpus,) = decision.cpus.values()
+    assert len(cpus) == 4
+    assert any("rounded up" in reason for reason in decision.reasons)
+
+
+def test_isolated_and_nohz_full_cores_are_never_used(h800_isolated):
+    topology, distances = h800_isolated
+    decision = allocate(topology, distances, FreeState(), Request(gpus=4, cpus_per_gpu=4, level="good"))
+    used = {c for cpus in decision.cpus.values() for c in cpus}
+    assert not used & {0, 1, 2, 3, 4, 5, 32, 33, 34, 35, 36, 37}, "a core with an isolated thread is skipped whole"
+
+
+def test_reserved_and_leased_cpus_are_skipped(h800):
+    topology, distances = h800
+    state = FreeState(busy_cpus=frozenset({2}), reserved_cpus=frozenset({0, 33}))
+    decision = allocate(topology, distances, state, Request(gpus=2, cpus_per_gpu=2, level="good"))
+    used = {c for cpus in decision.cpus.values() for c in cpus}
+    assert not used & {0, 32, 1, 33, 2, 34}
+
+
+def test_each_gpus_cores_are_contiguous(h800):
+    topology, distances = h800
+    state = FreeState(busy_cpus=frozenset({3}))  # core 3 taken: cores 0-2 hold one 4-CPU block only
+    decision = allocate(topology, distances, state, Request(gpus=2, cpus_per_gpu=4, level="good"))
+    blocks = sorted(sorted({_core(c) for c in cpus}) for cpus in decision.cpus.values())
+    assert blocks == [[0, 1], [4, 5]]
+
+
+def test_cores_prefer_one_l3_over_the_first_window(h800):
+    topology, _ = h800
+    # Split node 0 into two L3 domains: cores 0-7 and 8-15.
+    cpus = tuple(replace(c, llc=0 if _core(c.id) < 8 else 8) if c.numa_node == 0 else c for c in topology.cpus)
+    split = replace(topology, cpus=cpus)
+    busy = {1, 5, 33, 37}  # cores 1 and 5: the first 4-core window is 6-9, across both L3s
+    choice = assign_cpus(split, [split.gpu(0)], 8, busy, allow_fallback=False)
+    assert sorted({_core(c) for c in choice.cpus[0]}) == [8, 9, 10, 11]
+
+
+def test_too_few_near_cores_fail_at_good_and_fall_back_at_any(h800):
+    topology, distances = h800
+    node0 = [c.id for c in topology.cpus if c.numa_node == 0]
+    busy = frozenset(node0[2:])  # node 0 keeps one free core (2 CPUs)
+    request = dict(gpus=1, must_include=(0,), cpus_per_gpu=4)
+    with pytest.raises(InsufficientCpusError) as error:
+        allocate(topology, distances, FreeState(busy_cpus=busy), Request(level="good", **request))
+    assert error.value.code == "insufficient_cpus"
+    decision = allocate(topology, distances, FreeState(busy_cpus=busy), Request(level="any", **request))
+    assert decision.cpu_fallback
+    assert {topology.cpu(c).numa_node for c in decision.cpus[0]} == {1}
+    assert decision.placements[0].cpu_node == 1 and decision.memory_nodes == (0,)
+    assert any("fallback" in reason for reason in decision.reasons)
+
+
+def test_search_avoids_gpus_whose_node_has_no_free_cores(h800):
+    topology, distances = h800
+    busy = frozenset(c.id for c in topology.cpus if c.numa_node == 0)
+    decision = allocate(topology, distances, FreeState(busy_cpus=busy), Request(gpus=2, cpus_per_gpu=2))
+    assert {topology.gpu(g).numa_node for g in decision.gpus} == {1}
+
+
+def test_zero_cpus_per_gpu_gives_no_cpus(h800):
+    topology, distances = h800
+    decision = allocate(topology, distances, FreeState(), Request(gpus=2))
+    assert all(cpus == () for cpus in decision.cpus.values())
