@@ -196,3 +196,14 @@ def test_optional_tcp_metrics_listener_and_nccl_file(daemon_factory, tmp_path):
 
     root = ET.fromstring(nccl.read_text())
     assert root.tag == "system" and len(root.findall(".//gpu")) == 8
+
+
+def test_picture_and_doctor_use_the_running_daemons_leases(daemon_factory, capsys):
+    from topod.cli.topoctl import main as topoctl
+
+    daemon = daemon_factory()
+    client = daemon.start()
+    lease = client.allocate(2, job="paint-me")
+    assert topoctl(["topo", "--root", str(daemon.root), "--format", "dot", "--socket", daemon.socket]) == 0
+    dot = capsys.readouterr().out
+    assert lease["id"] in dot or "paint-me" in dot

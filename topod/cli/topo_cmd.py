@@ -47,7 +47,14 @@ def run_topo(args: argparse.Namespace) -> int:
         return 0
     from topod.cli.draw_cmd import draw
 
-    return int(draw(topology, fmt, args.output) or 0)
+    leases = irq_plan = None
+    if args.socket:
+        from topod.cli.doctor_cmd import fetch_daemon_data
+
+        leases, irq_plan = fetch_daemon_data(args)
+        if leases is None:
+            print(f"topoctl: no daemon answered on {args.socket}; drawing without leases", file=sys.stderr)
+    return int(draw(topology, fmt, args.output, leases=leases, irq_plan=irq_plan) or 0)
 
 
 def run_snapshot(args: argparse.Namespace) -> int:
