@@ -12,6 +12,7 @@ from topod.alloc.engine import allocate, assess
 from topod.alloc.errors import (InsufficientGpusError, InvalidRequestError, LevelUnreachableError,
                                 UnknownGpuError)
 from topod.alloc.request import FreeState, Request
+from topod.alloc.synthetic_hosts import HOSTS as SYNTHETIC
 from topod.alloc.synthetic_hosts import build_synthetic
 from topod.discover import discover
 from topod.distance import DistanceModel
@@ -27,7 +28,7 @@ def host(tmp_path_factory):
 
     def get(name: str):
         if name not in cache:
-            if name.endswith("gpu") and name.split("-")[0] in ("pcie", "nvs") and name not in FIXTURES:
+            if name in SYNTHETIC:
                 topology = build_synthetic(name, tmp_path_factory.mktemp(name))
             else:
                 root = build_host(load_builtin_spec(name), tmp_path_factory.mktemp(name))

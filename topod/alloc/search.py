@@ -81,10 +81,28 @@ def solve(problem: Problem, k: int, budget: int = NODE_BUDGET) -> SearchResult |
         return None
     if k == 1 and not any(problem.lo):
         return _single(problem, cap)
+    if sum(cap) == k:
+        return _everything(problem, cap, k)
     neighbours = _neighbours(problem, cap)
     incumbent = _greedy_incumbent(problem, cap, k, neighbours)
     order = _order(problem, cap, k, incumbent)
     return _branch_and_bound(problem, cap, k, order, incumbent, budget, neighbours)
+
+
+def _everything(problem: Problem, cap: list[int], k: int) -> SearchResult | None:
+    """Exactly k candidates: the only set, if it meets the constraints."""
+    per_node: dict[int, int] = {}
+    for c, v in enumerate(problem.node):
+        per_node[v] = per_node.get(v, 0) + cap[c]
+    if problem.max_nodes is not None and len(per_node) > problem.max_nodes:
+        return None
+    if problem.node_cap is not None and any(n > problem.node_cap.get(v, k) for v, n in per_node.items()):
+        return None
+    m = len(cap)
+    objective = sum(problem.unary[c] * cap[c] + problem.intra[c] * cap[c] * (cap[c] - 1) / 2 for c in range(m))
+    objective += sum(problem.inter[a][b] * cap[a] * cap[b] for a in range(m) for b in range(a + 1, m))
+    members = tuple(sorted(p for group in problem.members for p in group))
+    return SearchResult(members, objective, True, 1)
 
 
 def _single(problem: Problem, cap: list[int]) -> SearchResult | None:

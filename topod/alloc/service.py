@@ -132,12 +132,9 @@ class AllocationService:
         from topod.alloc.request import FreeState
 
         leases = self.store.all()
+        # node_load is a utilisation share (0-1) per node; topod has no such measurement
+        # yet, so back-pressure stays neutral rather than mistaking leased GPUs for load.
         node_load: dict[int, float] = {}
-        for lease in leases:
-            for gpu in lease.gpus:
-                node = self.topology.gpu(gpu).numa_node if self.topology.gpu(gpu) else None
-                if node is not None:
-                    node_load[node] = node_load.get(node, 0.0) + 1.0
         return FreeState(
             busy_gpus=frozenset(g for lease in leases for g in lease.gpus),
             busy_cpus=frozenset(c for lease in leases for c in lease.cpus),
@@ -153,17 +150,16 @@ class AllocationService:
         engine_body.setdefault("level", self.settings.get("default_level", "good"))
         return service, Request.from_json(engine_body)
 
-    def decide(self, request, waited: float = 0.0):
+    def decide(self, request, waited: float = 0.0, ttl_seconds: float | None = None):
         from topod.alloc.engine import allocate
         from topod.alloc.policy import PolicySettings
 
-        policy = PolicySettings(
-            aging_seconds=self.settings.get("aging_seconds", 60.0),
-            backpressure_tolerance=self.settings.get("backpressure_tolerance", 0.1),
-        )
+        fields = PolicySettings.__dataclass_fields__
+        policy = PolicySettings(**{k: v for k, v in self.settings.items() if k in fields})
         started = time.perf_counter()
         try:
-            return allocate(self.topology, self.distances, self.free_state(), request, policy, waited_seconds=waited)
+            return allocate(self.topology, self.distances, self.free_state(), request, policy,
+                            waited_seconds=waited, ttl_seconds=ttl_seconds)
         finally:
             self.decision_seconds.append(time.perf_counter() - started)
             del self.decision_seconds[:-4096]
@@ -232,9 +228,9 @@ class AllocationService:
             self._count("invalid")
             raise _invalid(f"owner_pid: no process {service.owner_pid}")
         try:
-            return self.grant(request, self.decide(request), service, caller)
+            return self.grant(request, self.decide(request, ttl_seconds=service.ttl_seconds), service, caller)
         except AllocationError as exc:
-            if service.wait_seconds <= 0 or exc.code not in WAITABLE_CODES:
+            if service.wait_seconds <= 0 or exc.code not in WAITABLE_CODES or not getattr(exc, "retryable", True):
                 self._count("rejected")
                 raise
         return await self._wait(request, service, caller)
@@ -279,7 +275,8 @@ class AllocationService:
             if waiter.future.done():
                 continue
             try:
-                decision = self.decide(waiter.request, waited=now - waiter.enqueued)
+                decision = self.decide(waiter.request, waited=now - waiter.enqueued,
+                                       ttl_seconds=waiter.service.ttl_seconds)
             except AllocationError:
                 continue
             lease = self.grant(waiter.request, decision, waiter.service, waiter.caller)
@@ -287,7 +284,7 @@ class AllocationService:
             waiter.future.set_result(lease)
 
     def _maybe_preempt(self, waiter: Waiter) -> None:
-        from topod.alloc.policy import plan_preemption
+        from topod.alloc.preemption import plan_preemption
 
         victims = plan_preemption(self.topology, self.distances, self.free_state(), waiter.request,
                                   [lease for lease in self.store.all() if lease.state == "active"])
