@@ -77,17 +77,21 @@ class LeaseStore:
         self._db.execute("PRAGMA foreign_keys=ON")
         self._db.executescript(SCHEMA)
         self._db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (SCHEMA_VERSION,))
+        # The database is the truth; this mirror only spares a query and a JSON parse per read.
+        self._cache: dict[str, Lease] = {lease.id: lease for lease in self._load()}
 
     def close(self) -> None:
         self._db.close()
 
-    def all(self) -> list[Lease]:
+    def _load(self) -> list[Lease]:
         rows = self._db.execute("SELECT body FROM leases ORDER BY rowid").fetchall()
         return [Lease.from_json(json.loads(body)) for (body,) in rows]
 
+    def all(self) -> list[Lease]:
+        return list(self._cache.values())
+
     def get(self, lease_id: str) -> Lease | None:
-        row = self._db.execute("SELECT body FROM leases WHERE id = ?", (lease_id,)).fetchone()
-        return Lease.from_json(json.loads(row[0])) if row else None
+        return self._cache.get(lease_id)
 
     def add(self, lease: Lease) -> None:
         try:
@@ -96,6 +100,7 @@ class LeaseStore:
                 self._db.executemany("INSERT INTO lease_gpus VALUES (?, ?)", [(g, lease.id) for g in lease.gpus])
         except sqlite3.IntegrityError as exc:
             raise LeaseConflictError(f"GPU(s) {list(lease.gpus)} already leased: {exc}") from exc
+        self._cache[lease.id] = lease
 
     def update(self, lease: Lease) -> None:
         with self._transaction():
@@ -103,6 +108,7 @@ class LeaseStore:
                                       (json.dumps(lease.to_json()), lease.id))
             if cursor.rowcount != 1:
                 raise KeyError(lease.id)
+        self._cache[lease.id] = lease
 
     def remove(self, lease_id: str) -> Lease | None:
         lease = self.get(lease_id)
@@ -111,6 +117,7 @@ class LeaseStore:
         with self._transaction():
             self._db.execute("DELETE FROM lease_gpus WHERE lease_id = ?", (lease_id,))
             self._db.execute("DELETE FROM leases WHERE id = ?", (lease_id,))
+        self._cache.pop(lease_id, None)
         return lease
 
     def _transaction(self):
