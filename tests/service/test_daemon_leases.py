@@ -205,3 +205,27 @@ def test_sighup_with_broken_config_keeps_serving_with_the_old_one(daemon_factory
     assert _wait_until(lambda: client.health()["config_error"] is None)
     assert [l["id"] for l in client.leases()] == [lease["id"]]
     assert 1 not in client.allocate(1, cpus_per_gpu=2)["cpus"], "the reloaded reserved CPUs apply"
+
+
+def test_topoctl_run_pins_the_command_passes_its_exit_code_and_releases(daemon_factory, tmp_path):
+    import sys
+
+    daemon = daemon_factory()
+    client = daemon.start()
+    out = tmp_path / "seen.json"
+    script = ("import json, os, sys; json.dump({'cpus': sorted(os.sched_getaffinity(0)), "
+              "'lease': os.environ['TOPOD_LEASE'], 'cuda': os.environ['CUDA_VISIBLE_DEVICES'], "
+              "'leased_cpus': os.environ['TOPOD_CPUS'], "
+              f"'leases_during': 0}}, open({str(out)!r}, 'w')); sys.exit(7)")
+    env = dict(os.environ, TOPOD_SOCKET=daemon.socket, PYTHONPATH=os.getcwd())
+    done = subprocess.run([sys.executable, "-m", "topod.cli.topoctl", "run", "--gpus", "2", "--cpus-per-gpu", "2",
+                           "--", sys.executable, "-c", script], env=env, timeout=60)
+    assert done.returncode == 7
+    seen = json.loads(out.read_text())
+    from topod.cpulist import parse_cpulist
+
+    leased = parse_cpulist(seen["leased_cpus"])
+    assert len(leased) == 4 and len(seen["cuda"].split(",")) == 2
+    # the fixture's CPU ids are not all real here: the kernel keeps the ones that exist
+    assert set(seen["cpus"]) == set(leased) & os.sched_getaffinity(0)
+    assert client.leases() == [], "the lease ends with the command"

@@ -183,7 +183,10 @@ def run_run(args) -> int:
 
     def pin() -> None:
         if cpus:
-            os.sched_setaffinity(0, cpus)
+            try:
+                os.sched_setaffinity(0, cpus)
+            except OSError as exc:  # the lease names CPUs this kernel does not have online
+                os.write(2, f"topoctl run: CPUs not pinned: {exc}\n".encode())
         if nodes:
             try:
                 bind_memory(nodes)
