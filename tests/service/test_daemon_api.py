@@ -9,6 +9,8 @@ import shutil
 import socket
 import subprocess
 
+import time
+
 import jsonschema
 import pytest
 
@@ -196,6 +198,11 @@ def test_optional_tcp_metrics_listener_and_nccl_file(daemon_factory, tmp_path):
 
     root = ET.fromstring(nccl.read_text())
     assert root.tag == "system" and len(root.findall(".//gpu")) == 8
+    lease = client.allocate(2)
+    per_lease = lease["environment"]["NCCL_TOPO_FILE"]
+    assert len(ET.fromstring(open(per_lease).read()).findall(".//gpu")) == 2
+    client.release(lease["id"])
+    assert not os.path.exists(per_lease)
 
 
 def test_picture_and_doctor_use_the_running_daemons_leases(daemon_factory, capsys):
@@ -207,3 +214,22 @@ def test_picture_and_doctor_use_the_running_daemons_leases(daemon_factory, capsy
     assert topoctl(["topo", "--root", str(daemon.root), "--format", "dot", "--socket", daemon.socket]) == 0
     dot = capsys.readouterr().out
     assert lease["id"] in dot or "paint-me" in dot
+
+
+def test_metrics_pass_promtool_and_carry_irq_rates(daemon_factory):
+    promtool = shutil.which("promtool")
+    daemon = daemon_factory(config='[irq]\nmode = "continuous"\ninterval_seconds = 0.3\n[probe]\nenabled = false\n')
+    client = daemon.start()
+    client.allocate(2)
+    time.sleep(1.2)  # at least two IRQ cycles: rates need two snapshots
+    connection_text = subprocess.run(
+        ["curl", "-s", "--unix-socket", daemon.socket, "http://topod/metrics"], capture_output=True, text=True,
+        timeout=20).stdout if shutil.which("curl") else None
+    if connection_text is None:
+        pytest.skip("curl not installed")
+    assert "topod_cpu_interrupts_per_second" in connection_text
+    assert "topod_allocation_decision_seconds_bucket" in connection_text
+    if promtool:
+        checked = subprocess.run([promtool, "check", "metrics"], input=connection_text, capture_output=True,
+                                 text=True, timeout=30)
+        assert checked.returncode == 0, checked.stdout + checked.stderr

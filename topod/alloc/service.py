@@ -107,6 +107,9 @@ class AllocationService:
         self.decision_seconds: list[float] = []
         self.results: dict[str, int] = {}
         self.corrections: dict[tuple[str, str], float] = {}
+        # The daemon may add per-lease files (an NCCL topology) to a lease's environment.
+        self.extra_environment: Callable[[Lease], dict[str, str]] | None = None
+        self.on_lease_end: Callable[[Lease], None] | None = None
         self.set_topology(topology)
 
     # -- topology -------------------------------------------------------------
@@ -186,7 +189,10 @@ class AllocationService:
             ttl_seconds=service.ttl_seconds,
             decision={**body, "owner_start_time": process_start_time(owner_pid) if owner_pid else None},
         )
-        lease = replace(lease, decision={**lease.decision, "environment": self.environment(lease)})
+        environment = self.environment(lease)
+        if self.extra_environment is not None:
+            environment.update(self.extra_environment(lease))
+        lease = replace(lease, decision={**lease.decision, "environment": environment})
         self.store.add(lease)
         if owner_pid:
             self.owner_watch.watch(lease.id, owner_pid)
@@ -333,6 +339,8 @@ class AllocationService:
     def _end(self, lease: Lease, event: str, reason: str) -> Lease:
         self.store.remove(lease.id)
         self.owner_watch.unwatch(lease.id)
+        if self.on_lease_end is not None:
+            self.on_lease_end(lease)
         self.bus.publish(event, lease=lease.id, gpus=list(lease.gpus), reason=reason, uid=lease.owner_uid)
         self.process_queue()
         return lease

@@ -93,6 +93,7 @@ class IrqBalancer:
         self.retries: dict[int, _Retry] = {}
         self.unsettable: dict[int, _Unsettable] = {}
         self.last: CycleReport | None = None
+        self.last_load: Load | None = None
         self.cycles = 0
 
     def configure(self, settings: IrqSettings) -> None:
@@ -128,6 +129,7 @@ class IrqBalancer:
         now = self.clock()
         snapshot = read_snapshot(self.host, now)
         load, no_rate = measure_load(self.previous, snapshot)
+        self.last_load = load  # for the daemon's per-CPU interrupt-rate metrics
         self.previous = snapshot
         irqs = classify_irqs(topology, snapshot.interrupts)
         self._forget_vanished(irqs)

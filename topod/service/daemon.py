@@ -45,6 +45,8 @@ class Daemon:
         self.store = LeaseStore(config.get("daemon", "state_dir"))
         self.alloc = AllocationService(self.topology, self.store, self.bus, config.section("alloc"),
                                        self._reserved_cpus(config))
+        self.alloc.extra_environment = self._lease_nccl_environment
+        self.alloc.on_lease_end = self._remove_lease_files
         self.irq = None
         self.probe = None
         self.loops: dict[str, float] = {}
@@ -217,6 +219,33 @@ class Daemon:
             log.warning("nccl_topology_not_written", path=path, reason=str(exc))
             return
         log.info("nccl_topology_written", path=path)
+
+    def _lease_nccl_path(self, lease_id: str) -> Path:
+        return Path(self.config.get("daemon", "state_dir")) / "nccl" / f"{lease_id}.xml"
+
+    def _lease_nccl_environment(self, lease) -> dict[str, str]:
+        """With write_nccl_topology: a per-lease NCCL topology (its GPUs and CPUs only)."""
+        if not self.config.get("export", "write_nccl_topology") or not lease.gpus:
+            return {}
+        from topod.export.nccl import build_nccl_xml, read_nccl_host_facts, render_nccl_xml, write_nccl_topology
+
+        path = self._lease_nccl_path(lease.id)
+        try:
+            facts = read_nccl_host_facts(self.host, self.topology)
+            xml = build_nccl_xml(self.topology, gpus=list(lease.gpus), cpus=list(lease.cpus) or None,
+                                 cpu_identity=facts.cpu_identity, net_names=facts.net_names,
+                                 subsystem_ids=facts.subsystem_ids, gdr=facts.gdr)
+            write_nccl_topology(render_nccl_xml(xml), path=str(path))
+        except (OSError, TopodError, ValueError) as exc:
+            log.warning("nccl_topology_not_written", lease=lease.id, reason=str(exc))
+            return {}
+        return {"NCCL_TOPO_FILE": str(path)}
+
+    def _remove_lease_files(self, lease) -> None:
+        try:
+            self._lease_nccl_path(lease.id).unlink()
+        except FileNotFoundError:
+            pass
 
     def stop(self) -> None:
         self._stop.set()

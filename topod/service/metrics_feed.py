@@ -24,6 +24,25 @@ def metrics_snapshot(daemon) -> dict:
     }
     if daemon.irq is not None:
         snapshot["irq_moves"] = daemon.irq.moves_total
+        load = daemon.irq.balancer.last_load
+        if load is not None:
+            rates: dict[int, float] = {}
+            for per_cpu in load.irq_cpu_rate.values():
+                for cpu, rate in per_cpu.items():
+                    rates[cpu] = rates.get(cpu, 0.0) + rate
+            snapshot["cpu_interrupt_rates"] = rates
+    probe = daemon.probe
+    if probe is not None and probe.backend is not None:
+        links = []
+        for row in probe.state.rows(0.0):
+            if row["measured_gbps"] is None:
+                continue
+            _, src, dst = str(row["link"]).split("/", 2)
+            links.append({"src": src, "dst": dst, "bytes_per_second": float(row["measured_gbps"]) * 1e9})
+        snapshot["link_bandwidth"] = links
+        if probe.sampler.last_end is not None:
+            snapshot["probe"] = {"duration_seconds": probe.sampler.last_cost_s,
+                                 "last_timestamp_seconds": probe.sampler.last_end}
     return snapshot
 
 
