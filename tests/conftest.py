@@ -39,6 +39,21 @@ def host_tree(_tree_cache: Path, tmp_path: Path):
     return make
 
 
+@pytest.fixture(scope="session")
+def readonly_host(tmp_path_factory: pytest.TempPathFactory):
+    """readonly_host('h800-8gpu') -> (HostRoot, Topology), built once per session and shared;
+    for tests that only read the tree (write to a host_tree copy instead)."""
+    cache: dict[str, tuple[HostRoot, object]] = {}
+
+    def make(name: str):
+        if name not in cache:
+            host = HostRoot(build_host(load_builtin_spec(name), tmp_path_factory.mktemp(f"ro-{name}")))
+            cache[name] = (host, discover(host, live_nvml=False))
+        return cache[name]
+
+    return make
+
+
 @pytest.fixture()
 def topology_of(host_tree):
     """topology_of('h800-8gpu') -> the discovered Topology of a fresh copy of that host."""

@@ -38,6 +38,18 @@ class ConfigError(TopodError):
     code = "invalid_config"
 
 
+class InvalidJsonError(TopodError):
+    """A request body that is not the JSON the endpoint takes."""
+
+    code = "invalid_json"
+
+
+class UnavailableError(TopodError):
+    """A feature switched off in the configuration."""
+
+    code = "unavailable"
+
+
 class AllocationError(TopodError):
     """A request that cannot be met as asked."""
 

@@ -22,29 +22,12 @@ from topod.export.nccl import (
     write_nccl_topology,
 )
 from topod.host import HostRoot
-from topod.hostspec import build_host, load_builtin_spec
 
 
 @pytest.fixture(scope="module")
-def host_of(request, tmp_path_factory):
-    return _built_hosts(request, tmp_path_factory)
+def host_of(readonly_host):
+    return readonly_host
 
-
-def _built_hosts(request, tmp_path_factory):
-    """(HostRoot, Topology) per built-in host, built once per test session and shared by the
-    export tests (a Topology is immutable; nothing here writes to the trees)."""
-    cache = getattr(request.config, "_topod_export_hosts", None)
-    if cache is None:
-        cache = {}
-        request.config._topod_export_hosts = cache
-
-    def make(name: str):
-        if name not in cache:
-            host = HostRoot(build_host(load_builtin_spec(name), tmp_path_factory.mktemp(name)))
-            cache[name] = (host, discover(host, live_nvml=False))
-        return cache[name]
-
-    return make
 
 
 def export(host_of, name: str, **kwargs) -> tuple[ET.Element, str]:

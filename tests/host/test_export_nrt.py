@@ -6,37 +6,17 @@ from pathlib import Path
 
 import pytest
 
-from topod.discover import discover
 from topod.errors import ConfigError
 from topod.export.nrt import NrtSettings, build_nrt
-from topod.host import HostRoot
-from topod.hostspec import build_host, load_builtin_spec
 
 K8S_DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "k8s"
 CRD = K8S_DATA / "noderesourcetopology-crd.yaml"
 
 
 @pytest.fixture(scope="module")
-def topology_of(request, tmp_path_factory):
-    make = _built_hosts(request, tmp_path_factory)
-    return lambda name: make(name)[1]
+def topology_of(readonly_host):
+    return lambda name: readonly_host(name)[1]
 
-
-def _built_hosts(request, tmp_path_factory):
-    """(HostRoot, Topology) per built-in host, built once per test session and shared by the
-    export tests (a Topology is immutable; nothing here writes to the trees)."""
-    cache = getattr(request.config, "_topod_export_hosts", None)
-    if cache is None:
-        cache = {}
-        request.config._topod_export_hosts = cache
-
-    def make(name: str):
-        if name not in cache:
-            host = HostRoot(build_host(load_builtin_spec(name), tmp_path_factory.mktemp(name)))
-            cache[name] = (host, discover(host, live_nvml=False))
-        return cache[name]
-
-    return make
 
 
 @pytest.fixture(scope="module")

@@ -83,7 +83,7 @@ def test_restart_keeps_every_acknowledged_lease(daemon_factory):
 def test_lease_ends_when_its_owner_process_exits(daemon_factory):
     client = daemon_factory().start()
     owner = subprocess.Popen(["sleep", "30"])
-    lease = client.allocate(2, owner_pid=owner.pid)
+    client.allocate(2, owner_pid=owner.pid)
     owner.kill()
     owner.wait()
     assert _wait_until(lambda: not client.leases(), timeout=5)

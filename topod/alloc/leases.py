@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from topod.errors import TopodError
@@ -133,7 +133,3 @@ class _Transaction:
 
     def __exit__(self, kind, value, traceback) -> None:
         self.db.execute("COMMIT" if kind is None else "ROLLBACK")
-
-
-def with_state(lease: Lease, **changes) -> Lease:
-    return replace(lease, **changes)

@@ -75,7 +75,6 @@ def build_problem(candidates: list[int], must: set[int], twin: list[int], node: 
 
 def solve(problem: Problem, k: int, budget: int = NODE_BUDGET) -> SearchResult | None:
     """The minimum-objective k-set meeting the constraints; None when none exists."""
-    m = len(problem.members)
     cap = [len(group) for group in problem.members]
     if sum(cap) < k or sum(problem.lo) > k or k <= 0:
         return None

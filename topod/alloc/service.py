@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from topod.alloc.errors import InvalidRequestError
 from topod.alloc.leases import Lease, LeaseStore
 from topod.alloc.owner import OwnerWatch, process_start_time
 from topod.distance import DistanceModel
@@ -61,26 +62,20 @@ class ServiceRequest:
     @classmethod
     def split(cls, body: Any) -> tuple[ServiceRequest, dict[str, Any]]:
         if not isinstance(body, dict):
-            raise _invalid("request body must be a JSON object")
+            raise InvalidRequestError("body", "must be a JSON object")
         engine_body = {k: v for k, v in body.items() if k not in SERVICE_FIELDS}
         ttl = body.get("ttl_seconds")
         owner = body.get("owner_pid")
         wait = body.get("wait", 0)
         if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or ttl <= 0):
-            raise _invalid("ttl_seconds: expected a positive number of seconds")
+            raise InvalidRequestError("ttl_seconds", "expected a positive number of seconds")
         if owner is not None and (isinstance(owner, bool) or not isinstance(owner, int) or owner <= 0):
-            raise _invalid("owner_pid: expected a positive process id")
+            raise InvalidRequestError("owner_pid", "expected a positive process id")
         if wait is False or wait is None:
             wait = 0
         if isinstance(wait, bool) or not isinstance(wait, (int, float)) or wait < 0:
-            raise _invalid("wait: expected a number of seconds >= 0 (0 = fail fast)")
+            raise InvalidRequestError("wait", "expected a number of seconds >= 0 (0 = fail fast)")
         return cls(float(ttl) if ttl is not None else None, owner, float(wait)), engine_body
-
-
-def _invalid(message: str) -> AllocationError:
-    error = AllocationError(message)
-    error.code = "invalid_request"
-    return error
 
 
 @dataclass(slots=True)
@@ -104,7 +99,11 @@ class AllocationService:
         self.clock = clock
         self.waiters: list[Waiter] = []
         self.owner_watch = OwnerWatch(self._owner_exited)
-        self.decision_seconds: list[float] = []
+        from topod.export.metrics import LatencyHistogram
+
+        # Cumulative since start, as a Prometheus histogram must be (a window would let
+        # bucket counters go down between scrapes).
+        self.decision_latency = LatencyHistogram()
         self.results: dict[str, int] = {}
         self.corrections: dict[tuple[str, str], float] = {}
         # The daemon may add per-lease files (an NCCL topology) to a lease's environment.
@@ -164,8 +163,7 @@ class AllocationService:
             return allocate(self.topology, self.distances, self.free_state(), request, policy,
                             waited_seconds=waited, ttl_seconds=ttl_seconds)
         finally:
-            self.decision_seconds.append(time.perf_counter() - started)
-            del self.decision_seconds[:-4096]
+            self.decision_latency.observe(time.perf_counter() - started)
 
     def grant(self, request, decision, service: ServiceRequest, caller: Caller) -> Lease:
         now = self.clock()
@@ -232,7 +230,7 @@ class AllocationService:
             raise
         if service.owner_pid and not _process_exists(service.owner_pid):
             self._count("invalid")
-            raise _invalid(f"owner_pid: no process {service.owner_pid}")
+            raise InvalidRequestError("owner_pid", f"no process {service.owner_pid}")
         try:
             return self.grant(request, self.decide(request, ttl_seconds=service.ttl_seconds), service, caller)
         except AllocationError as exc:
@@ -304,7 +302,7 @@ class AllocationService:
         waiter.victims = tuple(lease.id for lease in victims)
 
     # -- ending leases --------------------------------------------------------
-    def get(self, lease_id: str, caller: Caller | None = None) -> Lease:
+    def get(self, lease_id: str) -> Lease:
         lease = self.store.get(lease_id)
         if lease is None:
             raise LeaseNotFoundError(f"no lease {lease_id}")
@@ -327,9 +325,9 @@ class AllocationService:
             raise PermissionDeniedError(f"lease {lease_id} belongs to uid {lease.owner_uid}")
         ttl = lease.ttl_seconds if ttl_seconds is None else ttl_seconds
         if ttl is None:
-            raise _invalid("ttl_seconds: this lease has no ttl; give one to renew")
+            raise InvalidRequestError("ttl_seconds", "this lease has no ttl; give one to renew")
         if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or ttl <= 0:
-            raise _invalid("ttl_seconds: expected a positive number of seconds")
+            raise InvalidRequestError("ttl_seconds", "expected a positive number of seconds")
         ttl = min(float(ttl), float(self.settings.get("renew_max_ttl_seconds", 7 * 86400)))
         renewed = replace(lease, expires=self.clock() + ttl, ttl_seconds=ttl)
         self.store.update(renewed)

@@ -10,7 +10,8 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from topod.api.peer import caller_from, peer_credentials
-from topod.errors import TopodError
+from topod.alloc.errors import InvalidRequestError
+from topod.errors import InvalidJsonError, TopodError
 
 STATUS_OF_CODE = {
     "invalid_request": 400,
@@ -74,17 +75,11 @@ async def read_json(request: web.Request, *, optional: bool = False) -> Any:
     if not text.strip():
         if optional:
             return {}
-        raise _bad_json("request body is empty; expected a JSON object")
+        raise InvalidJsonError("request body is empty; expected a JSON object")
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise _bad_json(f"request body is not JSON: {exc}") from None
-
-
-def _bad_json(message: str) -> TopodError:
-    error = TopodError(message)
-    error.code = "invalid_json"
-    return error
+        raise InvalidJsonError(f"request body is not JSON: {exc}") from None
 
 
 def routes(backend: Backend) -> web.Application:
@@ -146,9 +141,7 @@ async def renew_lease(request: web.Request) -> web.Response:
     who = caller(request)
     body = await read_json(request, optional=True)
     if not isinstance(body, dict) or set(body) - {"ttl_seconds"}:
-        error = TopodError("renew takes an object with at most 'ttl_seconds'")
-        error.code = "invalid_request"
-        raise error
+        raise InvalidRequestError("body", "renew takes an object with at most 'ttl_seconds'")
     lease = backend.alloc.renew(request.match_info["id"], who, body.get("ttl_seconds"))
     return web.json_response(backend.lease_json(lease))
 

@@ -307,8 +307,6 @@ def build_pci_devices(
         root_port = function.ancestors[0] if function.ancestors else (
             function.address if _is_pci_bridge(function) else None
         )
-        if not function.driver:
-            pass  # a function without a driver is normal (bridges, unused devices)
         devices.append(
             PciDevice(
                 address=function.address,

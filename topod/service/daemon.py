@@ -5,7 +5,6 @@ the decisions themselves live in the pure core."""
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import socket
 import time
@@ -20,7 +19,7 @@ from topod.alloc.service import AllocationService
 from topod.api.peer import group_id
 from topod.config import Config, cpus, load_config
 from topod.discover import discover
-from topod.errors import ConfigError, TopodError
+from topod.errors import ConfigError, TopodError, UnavailableError
 from topod.events import EventBus
 from topod.host import HostRoot
 from topod.topojson import topology_to_json
@@ -128,9 +127,7 @@ class Daemon:
 
     def telemetry(self, body: Any) -> dict:
         if self.probe is None:
-            error = TopodError("link probing is disabled ([probe] enabled = false)")
-            error.code = "unavailable"
-            raise error
+            raise UnavailableError("link probing is disabled ([probe] enabled = false)")
         return self.probe.telemetry(body)
 
     def metrics_text(self) -> str:
@@ -299,7 +296,7 @@ class Daemon:
 
     def rediscover(self) -> bool:
         new = discover(self.host)
-        if topology_to_json(new) == topology_to_json(self.discovered):
+        if new == self.discovered:
             return False
         self.discovered = new
         old_gpus = {g.address for g in self.topology.gpus}
@@ -359,8 +356,3 @@ class Daemon:
 
 class _Shutdown(Exception):
     pass
-
-
-def prepare_state_dir(path: str) -> None:
-    Path(path).mkdir(parents=True, exist_ok=True, mode=0o750)
-    os.chmod(path, 0o750)

@@ -6,12 +6,7 @@ from topod import __version__
 
 
 def metrics_snapshot(daemon) -> dict:
-    from topod.export.metrics import LatencyHistogram
-
     alloc = daemon.alloc
-    histogram = LatencyHistogram()
-    for seconds in alloc.decision_seconds:
-        histogram.observe(seconds)
     leased = alloc.leased_gpus()
     total = len(daemon.topology.gpus)
     snapshot = {
@@ -19,7 +14,7 @@ def metrics_snapshot(daemon) -> dict:
         "gpus_by_state": {"free": total - len(leased), "leased": len(leased)},
         "leases": [{"id": lease.id, "gpus": len(lease.gpus),
                     "satisfaction": float(lease.decision.get("satisfaction", 1.0))} for lease in alloc.leases()],
-        "decision_latency": histogram.to_snapshot(),
+        "decision_latency": alloc.decision_latency.to_snapshot(),
         "requests_by_result": dict(alloc.results),
     }
     if daemon.irq is not None:
