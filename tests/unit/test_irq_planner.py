@@ -6,7 +6,8 @@ import pytest
 
 from topod.errors import ConfigError
 from topod.irq.classify import IrqInfo
-from topod.irq.planner import IrqSettings, PlanInput, balance, plan_irqs
+from topod.irq.planner import PlanInput, balance, plan_irqs
+from topod.irq.settings import IrqSettings
 from topod.model import Cpu, NumaNode, NvlinkFabric, PciDevice, Topology
 
 

@@ -19,7 +19,8 @@ from topod.host import HostRoot
 from topod.irq.apply import PERMANENT, TRANSIENT, WriteOutcome, apply_entry
 from topod.irq.classify import classify_irqs
 from topod.irq.coexist import IrqbalanceState, ban_guidance, detect_irqbalance
-from topod.irq.planner import IrqSettings, Plan, PlanEntry, PlanInput, plan_irqs
+from topod.irq.planner import Plan, PlanEntry, PlanInput, plan_irqs
+from topod.irq.settings import IrqSettings
 from topod.irq.procfs import Load, Snapshot, measure_load, read_affinity, read_snapshot
 from topod.model import Topology
 

@@ -12,95 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from topod.cpulist import format_cpulist, parse_cpulist
-from topod.errors import ConfigError
-from topod.irq.classify import IRQ_CLASSES, IrqInfo
+from topod.irq.classify import IrqInfo
 from topod.irq.refine import Weights, background_load, delivered_cpu, imbalance, refine
 from topod.model import Cpu, PciDevice, Topology
 
-POLICIES = ("spread", "pin-node", "leave")
-DEFAULT_POLICY = {"rdma": "spread", "nic": "spread", "nvme": "spread", "gpu": "pin-node", "other": "leave"}
-ENOSPC_ALTERNATIVES = 3
-
-
-@dataclass(frozen=True, slots=True)
-class IrqSettings:
-    """The [irq] config section, validated. Overrides map an IRQ (number or vector name)
-    or a device (PCI address or a name such as mlx5_0, nvme1, ens1f0) to a policy name or
-    to an explicit CPU list such as "4-7"."""
-
-    mode: str = "continuous"  # continuous | dry-run | off
-    banned_cpus: frozenset[int] = frozenset()
-    housekeeping_cpus: frozenset[int] = frozenset()
-    irqbalance: str = "yield"  # yield | ban
-    policy: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_POLICY))
-    irq_overrides: Mapping[str, str] = field(default_factory=dict)
-    device_overrides: Mapping[str, str] = field(default_factory=dict)
-    min_gain: float = 0.2
-    cooldown_seconds: float = 60.0
-    retry_base_seconds: float = 10.0
-    retry_max_seconds: float = 600.0
-
-    @classmethod
-    def from_section(cls, section: Mapping[str, Any]) -> IrqSettings:
-        """Build from a config section (unknown keys are the config loader's business)."""
-        def cpus(key: str) -> frozenset[int]:
-            value = section.get(key, "")
-            try:
-                return frozenset(parse_cpulist(value) if isinstance(value, str) else [int(v) for v in value])
-            except (TypeError, ValueError) as exc:
-                raise ConfigError(f"irq.{key}: {exc}") from exc
-
-        policy = dict(DEFAULT_POLICY)
-        for cls_name, value in dict(section.get("policy") or {}).items():
-            if cls_name not in IRQ_CLASSES:
-                raise ConfigError(f"irq.policy.{cls_name}: unknown IRQ class (known: {', '.join(IRQ_CLASSES)})")
-            if value not in POLICIES:
-                raise ConfigError(f"irq.policy.{cls_name}: {value!r} is not one of {', '.join(POLICIES)}")
-            policy[cls_name] = value
-        overrides = {key: _override_table(section, key) for key in ("irq_overrides", "device_overrides")}
-        settings = cls(
-            mode=str(section.get("mode", "continuous")),
-            banned_cpus=cpus("banned_cpus"),
-            housekeeping_cpus=cpus("housekeeping_cpus"),
-            irqbalance=str(section.get("irqbalance", "yield")),
-            policy=policy,
-            irq_overrides=overrides["irq_overrides"],
-            device_overrides=overrides["device_overrides"],
-            min_gain=float(section.get("min_gain", 0.2)),
-            cooldown_seconds=float(section.get("cooldown_seconds", 60.0)),
-            retry_base_seconds=float(section.get("retry_base_seconds", 10.0)),
-            retry_max_seconds=float(section.get("retry_max_seconds", 600.0)),
-        )
-        for key, value, choices in (("mode", settings.mode, ("continuous", "dry-run", "off")),
-                                    ("irqbalance", settings.irqbalance, ("yield", "ban"))):
-            if value not in choices:
-                raise ConfigError(f"irq.{key}: {value!r} is not one of {', '.join(choices)}")
-        if not 0.0 <= settings.min_gain < 1.0:
-            raise ConfigError(f"irq.min_gain: {settings.min_gain} must be in [0, 1) (0.2 = a move must cut the load by 20%)")
-        return settings
-
-
-def _override_table(section: Mapping[str, Any], key: str) -> dict[str, str]:
-    table = section.get(key) or {}
-    if not isinstance(table, Mapping):
-        raise ConfigError(f"irq.{key}: expected a table")
-    out = {}
-    for name, value in table.items():
-        if not isinstance(value, str) or (value not in POLICIES and not _is_cpulist(value)):
-            raise ConfigError(f"irq.{key}.{name}: {value!r} is neither one of {', '.join(POLICIES)} "
-                              "nor a CPU list like \"4-7\"")
-        out[str(name)] = value
-    return out
-
-
-def _is_cpulist(value: str) -> bool:
-    try:
-        return bool(parse_cpulist(value))
-    except ValueError:
-        return False
+from topod.irq.settings import ENOSPC_ALTERNATIVES, POLICIES, IrqSettings
 
 
 class PlanEntry(NamedTuple):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import structlog
 
 from topod.irq.cycle import IrqBalancer
-from topod.irq.planner import IrqSettings
+from topod.irq.settings import IrqSettings
 
 log = structlog.get_logger("topod")
 
