@@ -32,7 +32,7 @@ from gpuallocator_baseline import BestEffort, Deadline, first_fit, partition_cou
 from topod.alloc.engine import allocate, assess  # noqa: E402
 from topod.alloc.errors import AllocationError  # noqa: E402
 from topod.alloc.request import FreeState, Request  # noqa: E402
-from topod.alloc.synthetic_hosts import build_synthetic  # noqa: E402
+from topod.hostspec.synthetic import build_synthetic  # noqa: E402
 from topod.discover import discover  # noqa: E402
 from topod.distance import DistanceModel  # noqa: E402
 from topod.host import HostRoot  # noqa: E402

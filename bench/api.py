@@ -21,7 +21,7 @@ ROUNDS = 20
 
 
 def main() -> int:
-    from topod.alloc.synthetic_hosts import spec_64
+    from topod.hostspec.synthetic import spec_64
     from topod.client import ApiError, Client
     from topod.hostspec import build_host
 

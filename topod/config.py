@@ -180,8 +180,6 @@ def _validate(section: str, key: str, value: Any) -> Any:
         except ValueError as exc:
             raise ConfigError(f"{where}: expected an octal mode like \"0660\"") from exc
     if (section, key) == ("export", "metrics_tcp") and value:
-        from topod.service.server import parse_listen_address
-
         try:
             parse_listen_address(value)
         except ValueError as exc:
@@ -202,3 +200,11 @@ def _cluster_labels(table: dict[str, Any]) -> dict[str, str]:
 
 def cpus(config: Config, section: str, key: str) -> list[int]:
     return parse_cpulist(config.get(section, key))
+
+
+def parse_listen_address(spec: str) -> tuple[str, int]:
+    """'9464' or ':9464' -> loopback; 'HOST:PORT' as given. ValueError otherwise."""
+    host, _, port = spec.rpartition(":")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"export.metrics_tcp: {spec!r} is not [HOST:]PORT")
+    return (host.strip("[]") or "127.0.0.1"), int(port)

@@ -86,6 +86,9 @@ class DistanceModel:
     _devices: dict[str, PciDevice] = field(init=False)
     _gpu_address: dict[int, str] = field(init=False)
     _gpu_index: dict[str, int] = field(init=False)
+    # Results derived from this model (the engine's host view); they die with it, so a
+    # new model (new topology or corrections) can never be served a stale view.
+    memo: dict = field(init=False, default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._devices = {device.address: device for device in self.topology.pci_devices}

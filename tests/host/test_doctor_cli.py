@@ -6,7 +6,7 @@ import pytest
 
 from topod.cli.doctor_cmd import EXIT_FINDINGS
 from topod.cli.topoctl import build_parser, main
-from topod.doctor.fixtures import build_demo
+from topod.hostspec.doctor_scene import build_demo
 
 
 @pytest.fixture(scope="module")

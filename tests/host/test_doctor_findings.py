@@ -9,7 +9,7 @@ import pytest
 from topod.cpulist import format_cpulist, parse_cpulist
 from topod.discover import discover
 from topod.doctor import DoctorInputError, diagnose
-from topod.doctor.fixtures import (
+from topod.hostspec.doctor_scene import (
     far_socket_rank,
     ht_split_pair,
     isolated_misuse_rank,

@@ -4,7 +4,7 @@ import pytest
 
 from topod.doctor import DoctorInputError, parse_irq_plan
 from topod.doctor.findings import lease_from_dict
-from topod.doctor.fixtures import stat_line
+from topod.hostspec.doctor_scene import stat_line
 from topod.doctor.procs import (
     gpu_minor_of_link,
     interrupt_rates,

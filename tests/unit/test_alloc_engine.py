@@ -12,8 +12,8 @@ from topod.alloc.engine import allocate, assess
 from topod.alloc.errors import (InsufficientGpusError, InvalidRequestError, LevelUnreachableError,
                                 UnknownGpuError)
 from topod.alloc.request import FreeState, Request
-from topod.alloc.synthetic_hosts import HOSTS as SYNTHETIC
-from topod.alloc.synthetic_hosts import build_synthetic
+from topod.hostspec.synthetic import HOSTS as SYNTHETIC
+from topod.hostspec.synthetic import build_synthetic
 from topod.discover import discover
 from topod.distance import DistanceModel
 from topod.host import HostRoot

@@ -11,9 +11,9 @@ from topod.probe.backend import (
     ProbeResult,
     ProbeSizes,
     measurements_of,
-    open_backend,
     parse_link,
 )
+from topod.probe.registry import open_backend
 
 GPUS = {0: "0000:13:00.0", 1: "0000:14:00.0"}
 

@@ -2,8 +2,8 @@
 groups (NUMA node, root complex, PCIe switch, NVLink island), twin classes, bandwidths.
 
 Computing a 64x64 weight matrix through DistanceModel takes milliseconds; a decision
-must not, so the view is cached by the DistanceModel's identity (the daemon builds a new
-model whenever corrections change).
+must not, so the view is memoised on the DistanceModel itself (the daemon builds a new
+model whenever the topology or corrections change; the view goes with the old one).
 """
 
 from __future__ import annotations
@@ -54,18 +54,12 @@ class HostView:
         return None
 
 
-_VIEWS: dict[int, HostView] = {}
-_MAX_VIEWS = 16
-
-
 def host_view(topology: Topology, distances: DistanceModel) -> HostView:
-    view = _VIEWS.get(id(distances))
-    if view is not None and view.distances is distances and view.topology is topology:
+    view = distances.memo.get("host_view")
+    if view is not None and view.topology is topology:
         return view
-    if len(_VIEWS) >= _MAX_VIEWS:
-        _VIEWS.clear()
     view = _build(topology, distances)
-    _VIEWS[id(distances)] = view
+    distances.memo["host_view"] = view
     return view
 
 

@@ -86,13 +86,3 @@ def backpressure_penalty(node_load: dict[int, float], base_cost: float, floor: f
     scale = settings.backpressure_tolerance * max(base_cost, floor) / max(gpus, 1)
     out = {node: scale * overload(load, settings.backpressure_threshold) for node, load in node_load.items()}
     return {node: value for node, value in out.items() if value > 0}
-
-
-def __getattr__(name: str):
-    # The lead's service imports plan_preemption from here; it lives in preemption.py
-    # because it runs the engine, which imports this module.
-    if name == "plan_preemption":
-        from topod.alloc.preemption import plan_preemption
-
-        return plan_preemption
-    raise AttributeError(name)

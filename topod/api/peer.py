@@ -7,10 +7,18 @@ import os
 import pwd
 import socket
 import struct
-
-from topod.alloc.service import Caller
+from dataclasses import dataclass
 
 _UCRED = struct.Struct("3i")
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    uid: int
+    gid: int
+    pid: int | None
+    may_allocate: bool
+    is_admin: bool
 
 
 def peer_credentials(sock: socket.socket | None) -> tuple[int | None, int, int]:

@@ -39,7 +39,8 @@ def _positive_int(text: str) -> int:
 def run_links(args: argparse.Namespace) -> int:
     from topod.cli.topo_cmd import load_topology
     from topod.host import HostRoot
-    from topod.probe.backend import ProbeUnavailable, open_backend
+    from topod.probe.backend import ProbeUnavailable
+    from topod.probe.registry import open_backend
     from topod.probe.calibrate import calibrate
     from topod.probe.linkstate import LinkState, links_document
 

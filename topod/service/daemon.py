@@ -14,8 +14,8 @@ from typing import Any
 import structlog
 
 from topod import __version__
-from topod.alloc.leases import LeaseStore
-from topod.alloc.service import AllocationService
+from topod.service.lease_store import LeaseStore
+from topod.service.leases import AllocationService
 from topod.api.peer import group_id
 from topod.config import Config, cpus, load_config
 from topod.discover import discover

@@ -16,7 +16,8 @@ IDLE_RECHECK_SECONDS = 600.0
 
 class ProbeTask:
     def __init__(self, daemon) -> None:
-        from topod.probe.backend import ProbeUnavailable, open_backend
+        from topod.probe.backend import ProbeUnavailable
+        from topod.probe.registry import open_backend
         from topod.probe.linkstate import LinkState
         from topod.probe.sampler import Sampler, SamplerSettings
 

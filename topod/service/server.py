@@ -10,7 +10,7 @@ import structlog
 from aiohttp import web
 
 from topod.api.server import routes
-from topod.config import Config
+from topod.config import Config, parse_listen_address
 
 log = structlog.get_logger("topod")
 
@@ -80,14 +80,6 @@ async def serve(daemon, config: Config, listen: socket.socket | None = None) -> 
     await site.start()
     log.info("api_listening", where=where)
     return runner
-
-
-def parse_listen_address(spec: str) -> tuple[str, int]:
-    """'9464' or ':9464' -> loopback; 'HOST:PORT' as given. ValueError otherwise."""
-    host, _, port = spec.rpartition(":")
-    if not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"export.metrics_tcp: {spec!r} is not [HOST:]PORT")
-    return (host.strip("[]") or "127.0.0.1"), int(port)
 
 
 async def serve_metrics_tcp(daemon, spec: str) -> web.AppRunner:

@@ -4,7 +4,7 @@ The files are in the kernel's own formats (status, task/TID/stat with 52 fields,
 numa_maps, NUL-separated environ and cmdline, fd/N links to /dev/nvidiaN), so the
 readers under test are the ones that run on a real host.
 
-    python -m topod.doctor.fixtures DIR    # h800-8gpu with an 8-rank job, rank 3 misplaced
+    python -m topod.hostspec.doctor_scene DIR    # h800-8gpu with an 8-rank job, rank 3 misplaced
 """
 
 from __future__ import annotations
@@ -215,6 +215,6 @@ def build_demo(root: str | os.PathLike[str]) -> list[ProcSpec]:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit("usage: python -m topod.doctor.fixtures DIR")
+        sys.exit("usage: python -m topod.hostspec.doctor_scene DIR")
     written = build_demo(sys.argv[1])
     print(f"wrote h800-8gpu with {len(written)} ranks under {sys.argv[1]} (rank 3 on the far socket)")

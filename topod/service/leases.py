@@ -15,14 +15,15 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from topod.alloc.errors import InvalidRequestError
-from topod.alloc.leases import Lease, LeaseStore
-from topod.alloc.owner import OwnerWatch, process_start_time
+from topod.alloc.request import ServiceRequest
+from topod.api.peer import Caller
+from topod.service.lease_store import Lease, LeaseStore
+from topod.service.owner import OwnerWatch, process_start_time
 from topod.distance import DistanceModel
 from topod.errors import AllocationError, TopodError
 from topod.events import EventBus
 from topod.model import Topology
 
-SERVICE_FIELDS = ("ttl_seconds", "owner_pid", "wait")
 WAITABLE_CODES = ("insufficient_gpus", "level_unreachable", "insufficient_cpus")
 
 
@@ -40,42 +41,6 @@ class QueueFullError(TopodError):
 
 class WaitTimeoutError(AllocationError):
     code = "wait_timeout"
-
-
-@dataclass(frozen=True, slots=True)
-class Caller:
-    uid: int
-    gid: int
-    pid: int | None
-    may_allocate: bool
-    is_admin: bool
-
-
-@dataclass(slots=True)
-class ServiceRequest:
-    """What the engine does not see: ttl, owner process, how long to wait."""
-
-    ttl_seconds: float | None
-    owner_pid: int | None
-    wait_seconds: float
-
-    @classmethod
-    def split(cls, body: Any) -> tuple[ServiceRequest, dict[str, Any]]:
-        if not isinstance(body, dict):
-            raise InvalidRequestError("body", "must be a JSON object")
-        engine_body = {k: v for k, v in body.items() if k not in SERVICE_FIELDS}
-        ttl = body.get("ttl_seconds")
-        owner = body.get("owner_pid")
-        wait = body.get("wait", 0)
-        if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or ttl <= 0):
-            raise InvalidRequestError("ttl_seconds", "expected a positive number of seconds")
-        if owner is not None and (isinstance(owner, bool) or not isinstance(owner, int) or owner <= 0):
-            raise InvalidRequestError("owner_pid", "expected a positive process id")
-        if wait is False or wait is None:
-            wait = 0
-        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or wait < 0:
-            raise InvalidRequestError("wait", "expected a number of seconds >= 0 (0 = fail fast)")
-        return cls(float(ttl) if ttl is not None else None, owner, float(wait)), engine_body
 
 
 @dataclass(slots=True)
