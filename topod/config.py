@@ -13,6 +13,9 @@ from typing import Any
 
 from topod.cpulist import parse_cpulist
 from topod.errors import ConfigError
+from topod.irq.settings import DEFAULTS as IRQ_DEFAULTS
+from topod.irq.settings import IRQBALANCE_CHOICES
+from topod.irq.settings import MODES as IRQ_MODES
 
 # section -> key -> (type, default). Types: bool, int, float, str, "cpulist", list, dict.
 SCHEMA: dict[str, dict[str, tuple[object, object]]] = {
@@ -23,6 +26,11 @@ SCHEMA: dict[str, dict[str, tuple[object, object]]] = {
         "group": (str, "topod"),
         "socket_mode": (str, "0660"),
         "rescan_interval_seconds": (float, 300.0),
+    },
+    "api": {
+        "max_connections": (int, 256),
+        "idle_timeout_seconds": (float, 30.0),
+        "max_body_bytes": (int, 1048576),
     },
     "alloc": {
         "reserved_cpus": ("cpulist", ""),
@@ -43,18 +51,19 @@ SCHEMA: dict[str, dict[str, tuple[object, object]]] = {
         "renew_max_ttl_seconds": (float, 7 * 24 * 3600.0),
     },
     "irq": {
-        "mode": (str, "continuous"),
+        # The balancer's keys take their defaults from topod.irq.settings (one place).
+        "mode": (str, IRQ_DEFAULTS["mode"]),
         "interval_seconds": (float, 10.0),
-        "banned_cpus": ("cpulist", ""),
-        "housekeeping_cpus": ("cpulist", ""),
-        "irqbalance": (str, "yield"),
+        "banned_cpus": ("cpulist", IRQ_DEFAULTS["banned_cpus"]),
+        "housekeeping_cpus": ("cpulist", IRQ_DEFAULTS["housekeeping_cpus"]),
+        "irqbalance": (str, IRQ_DEFAULTS["irqbalance"]),
         "policy": (dict, {}),
         "irq_overrides": (dict, {}),
         "device_overrides": (dict, {}),
-        "min_gain": (float, 0.2),
-        "cooldown_seconds": (float, 60.0),
-        "retry_base_seconds": (float, 10.0),
-        "retry_max_seconds": (float, 600.0),
+        "min_gain": (float, IRQ_DEFAULTS["min_gain"]),
+        "cooldown_seconds": (float, IRQ_DEFAULTS["cooldown_seconds"]),
+        "retry_base_seconds": (float, IRQ_DEFAULTS["retry_base_seconds"]),
+        "retry_max_seconds": (float, IRQ_DEFAULTS["retry_max_seconds"]),
     },
     "probe": {
         "enabled": (bool, True),
@@ -64,6 +73,12 @@ SCHEMA: dict[str, dict[str, tuple[object, object]]] = {
         "budget_share": (float, 0.01),
         "probe_leased_gpus": (bool, False),
         "simulated_table": (str, ""),
+    },
+    "udev": {
+        "enabled": (bool, True),
+        "source": (str, "udev"),
+        "quiet_seconds": (float, 0.5),
+        "max_delay_seconds": (float, 5.0),
     },
     "watchdog": {
         "loop_deadline_seconds": (float, 60.0),
@@ -82,8 +97,9 @@ SCHEMA: dict[str, dict[str, tuple[object, object]]] = {
 
 CHOICES = {
     ("alloc", "default_level"): ("best", "good", "any"),
-    ("irq", "mode"): ("continuous", "dry-run", "off"),
-    ("irq", "irqbalance"): ("yield", "ban"),
+    ("irq", "mode"): IRQ_MODES,
+    ("irq", "irqbalance"): IRQBALANCE_CHOICES,
+    ("udev", "source"): ("udev", "kernel"),
     ("log", "level"): ("debug", "info", "warning", "error"),
     ("log", "format"): ("auto", "console", "json", "journal"),
 }

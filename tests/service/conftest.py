@@ -17,24 +17,32 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 class DaemonProcess:
-    def __init__(self, root: Path, workdir: Path, config: str = "") -> None:
+    """config: TOML text for --config ("" = IRQ dry-run, no probes); None = started as a
+    user starts it: the daemon's own defaults and only --root, --socket, --state-dir."""
+
+    def __init__(self, root: Path, workdir: Path, config: str | None = "", env: dict | None = None) -> None:
         self.root = root
         self.workdir = workdir
         self.socket = str(workdir / "topod.sock")
         self.state = str(workdir / "state")
         self.config_path = workdir / "topod.toml"
-        self.config_path.write_text(config or '[irq]\nmode = "dry-run"\n[probe]\nenabled = false\n')
+        self.use_config = config is not None
+        if config is not None:
+            self.config_path.write_text(config or '[irq]\nmode = "dry-run"\n[probe]\nenabled = false\n')
         self.log_path = workdir / "daemon.log"
+        self.extra_env = dict(env or {})
         self.process: subprocess.Popen | None = None
 
     def start(self, timeout: float = 15.0) -> Client:
         env = dict(os.environ, PYTHONPATH=str(REPO))
         env.pop("NOTIFY_SOCKET", None)
+        env.update(self.extra_env)
         log = open(self.log_path, "ab")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "topod.service.main", "--root", str(self.root), "--socket", self.socket,
-             "--state-dir", self.state, "--config", str(self.config_path), "--log-format", "json"],
-            stdout=log, stderr=log, env=env)
+        command = [sys.executable, "-m", "topod.service.main", "--root", str(self.root), "--socket", self.socket,
+                   "--state-dir", self.state]
+        if self.use_config:
+            command += ["--config", str(self.config_path), "--log-format", "json"]
+        self.process = subprocess.Popen(command, stdout=log, stderr=log, env=env)
         client = Client(self.socket, timeout=10)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -65,10 +73,11 @@ class DaemonProcess:
 def daemon_factory(host_tree, tmp_path):
     started: list[DaemonProcess] = []
 
-    def make(host: str = "h800-8gpu", config: str = "") -> DaemonProcess:
+    def make(host: str = "h800-8gpu", config: str | None = "", env: dict | None = None,
+             root: Path | None = None) -> DaemonProcess:
         work = tmp_path / f"d{len(started)}"
         work.mkdir()
-        proc = DaemonProcess(host_tree(host), work, config)
+        proc = DaemonProcess(root if root is not None else host_tree(host), work, config, env)
         started.append(proc)
         return proc
 

@@ -79,8 +79,10 @@ def test_report_is_json_ready_per_loop():
     sup.register("irq", 30.0, now=10.0)
     sup.register("api", 5.0, now=10.0)
     assert sup.report(now=17.5) == {
-        "api": {"deadline_seconds": 5.0, "seconds_since_beat": 7.5, "healthy": False},
-        "irq": {"deadline_seconds": 30.0, "seconds_since_beat": 7.5, "healthy": True},
+        "api": {"deadline_seconds": 5.0, "seconds_since_beat": 7.5, "healthy": False, "stalled": True,
+                "failures": 0, "failing": False, "last_error": None},
+        "irq": {"deadline_seconds": 30.0, "seconds_since_beat": 7.5, "healthy": True, "stalled": False,
+                "failures": 0, "failing": False, "last_error": None},
     }
 
 

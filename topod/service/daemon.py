@@ -1,6 +1,9 @@
-"""The daemon: one asyncio loop owns every background task; shutdown cancels them in
-order. It wires discovery, the allocation service, the IRQ cycle, probes and the API;
-the decisions themselves live in the pure core."""
+"""The daemon: one asyncio loop that only routes. A TaskGroup owns every loop; each loop
+runs supervised (a failing iteration is logged once, retried with backoff and shown in
+health and STATUS=, never fatal); discovery, /proc and /sys, SQLite, NVML, file exports
+and name-service lookups run in worker threads. HostState owns the host's state, the
+LeaseService the leases; tasks are told of changes through listeners.
+"""
 
 from __future__ import annotations
 
@@ -14,19 +17,31 @@ from typing import Any
 import structlog
 
 from topod import __version__
-from topod.service.lease_store import LeaseStore
-from topod.service.leases import AllocationService
 from topod.api.peer import group_id
 from topod.config import Config, cpus, load_config
-from topod.discover import discover
 from topod.errors import ConfigError, TopodError, UnavailableError
 from topod.events import EventBus
 from topod.host import HostRoot
+from topod.service.hotplug import HotplugSource, discover_checked, udev_settings
+from topod.service.lease_store import LeaseStore
+from topod.service.leases import LeaseService
+from topod.service.load import NodeLoadSampler
+from topod.service.notify import Notifier
+from topod.service.state import HostState
+from topod.service.supervise import supervise
+from topod.service.watchdog import Supervisor, run_watchdog, watchdog_interval
 from topod.topojson import topology_to_json
 
 log = structlog.get_logger("topod")
 
 REAP_INTERVAL = 1.0
+LOAD_INTERVAL = 10.0
+LIVENESS_INTERVAL = 5.0
+LIVENESS_TIMEOUT = 10.0
+LEASE_EVENTS = ("lease_granted", "lease_released", "lease_revoked")
+# Events that are more than information in the journal (PRIORITY= follows the level).
+EVENT_LEVELS = {"loop_failed": "error", "lease_degraded": "warning", "config_rejected": "error",
+                "irq_writes_impossible": "warning", "irq_move_failed": "warning"}
 
 
 class Daemon:
@@ -38,91 +53,137 @@ class Daemon:
         self.bus = EventBus()
         self.bus.add_listener(self._log_event)
         self.started = time.time()
-        self.topology = discover(self.host)
-        self.discovered = self.topology  # before any measured correction
+        self.state = HostState(discover_checked(self.host))
         self.allowed_group = group_id(config.get("daemon", "group"))
         self.store = LeaseStore(config.get("daemon", "state_dir"))
-        self.alloc = AllocationService(self.topology, self.store, self.bus, config.section("alloc"),
-                                       self._reserved_cpus(config))
+        self.alloc = LeaseService(self.state, self.store, self.bus, config.section("alloc"), self._reserved_cpus())
         self.alloc.extra_environment = self._lease_nccl_environment
+        self.alloc.prepare_files = self._write_lease_nccl_topology
         self.alloc.on_lease_end = self._remove_lease_files
+        self.state.add_listener(self._state_changed)
+        self.bus.add_listener(self._on_event)
+        self.supervisor = Supervisor()
+        self.notifier = Notifier()
         self.irq = None
         self.probe = None
-        self.loops: dict[str, float] = {}
+        self.hotplug: HotplugSource | None = None
+        self.api_address: str | None = None
+        self._gpu_addresses = {gpu.address for gpu in self.state.topology.gpus}
+        self._load = NodeLoadSampler(self.host)
+        self._tasks: asyncio.TaskGroup | None = None
+        self._loops: dict[str, asyncio.Task] = {}
         self._stop = asyncio.Event()
-        self._rescan = asyncio.Event()
-        self._wake_irq = asyncio.Event()
-        self.bus.add_listener(self._on_event)
-        from topod.service.notify import Notifier
-        from topod.service.watchdog import Supervisor
+        self._rescan_now = asyncio.Event()
+        self._exports_due = asyncio.Event()
+        self._exports_due.set()  # write the NCCL file once at start
 
-        self.notifier = Notifier()
-        self.supervisor = Supervisor()
+    @property
+    def topology(self):
+        return self.state.topology
 
     # -- configuration ----------------------------------------------------------
-    def _reserved_cpus(self, config: Config) -> set[int]:
-        return set(cpus(config, "alloc", "reserved_cpus")) | set(cpus(config, "irq", "housekeeping_cpus"))
+    def _reserved_cpus(self) -> set[int]:
+        """Never leased: [alloc] reserved_cpus, [irq] housekeeping_cpus, and the first
+        reserved_cpus_per_node CPUs of each node with their hyper-thread siblings (so a
+        reserved core is never half leased)."""
+        reserved = set(cpus(self.config, "alloc", "reserved_cpus")) | set(cpus(self.config, "irq", "housekeeping_cpus"))
+        per_node = int(self.config.get("alloc", "reserved_cpus_per_node"))
+        if per_node:
+            topology = self.state.topology
+            for node in topology.numa_nodes:
+                for cpu_id in sorted(node.cpus)[:per_node]:
+                    cpu = topology.cpu(cpu_id)
+                    reserved.add(cpu_id)
+                    reserved.update(cpu.siblings if cpu is not None else ())
+        return reserved
 
-    def reload(self) -> bool:
-        """SIGHUP: re-read the config; an invalid one keeps the running config."""
+    async def reload(self) -> bool:
+        """SIGHUP: re-read the config and apply all of it; an invalid file keeps the running
+        config. Leases, the socket, the state dir and the root stay. The host is
+        rediscovered too (`systemctl reload topod` after a driver change)."""
         self.notifier.reloading()
+        self.request_rescan()
         try:
-            new = load_config(self.config_path)
+            new = await asyncio.to_thread(load_config, self.config_path)
         except ConfigError as exc:
             self.config_error = str(exc)
-            log.error("config_rejected", path=self.config_path, reason=str(exc))
+            self.bus.publish("config_rejected", path=self.config_path, reason=str(exc))
             self.notifier.ready()
-            self.notifier.status(f"config rejected, running previous: {exc}")
+            self.notifier.status(self.status_line())
             return False
-        # Socket, state dir and root stay what the process started with.
         keep = {key: self.config.get("daemon", key) for key in ("socket", "state_dir", "root")}
-        self.config = new.with_overrides(**keep)
+        old, self.config = self.config, new.with_overrides(**keep)
         self.config_error = None
-        self.alloc.settings = self.config.section("alloc")
-        self.alloc.reserved_cpus = self._reserved_cpus(self.config)
-        self.allowed_group = group_id(self.config.get("daemon", "group"))
-        if self.irq is not None:
-            self.irq.configure(self.config)
-        log.info("config_reloaded", path=self.config_path)
-        self._wake_irq.set()
+        self.allowed_group = await asyncio.to_thread(group_id, self.config.get("daemon", "group"))
+        self.alloc.configure(self.config.section("alloc"), self._reserved_cpus())
+        self._reconcile_loops(old)
+        self.alloc.process_queue()  # fewer reserved CPUs may let a waiter in
+        self.bus.publish("config_reloaded", path=self.config_path)
         self.notifier.ready()
         self.notifier.status(self.status_line())
         return True
 
+    async def _reload_safely(self) -> None:
+        try:
+            await self.reload()
+        except Exception as exc:  # noqa: BLE001 - a reload must never take the daemon down
+            self.config_error = f"reload failed: {type(exc).__name__}: {exc}"
+            log.exception("reload_failed", error=self.config_error)
+            self.notifier.ready()
+            self.notifier.status(self.status_line())
+
     # -- the Backend the API calls ------------------------------------------------
     def topology_json(self) -> dict:
-        doc = topology_to_json(self.topology, self.alloc.distances)
+        doc = topology_to_json(self.state.topology, self.state.distances)
         doc["cluster"] = dict(self.config.section("cluster"))
         doc["leased_gpus"] = sorted(self.alloc.leased_gpus())
         return doc
 
-    def lease_json(self, lease) -> dict:
-        body = lease.to_json()
-        body["environment"] = lease.decision.get("environment", {})
-        return body
+    def lease_json(self, lease) -> dict:  # noqa: ANN001 - Lease
+        return self.store.json_of(lease)
+
+    def degraded(self) -> list[str]:
+        """Why the daemon is not fully well, one line each (empty: it is)."""
+        now = time.monotonic()
+        reasons = [f"loop {name} stalled" for name in self.supervisor.stalled(now)]
+        reasons += [f"loop {name} failing: {error}" for name, error in self.supervisor.failing().items()]
+        if self.config_error:
+            reasons.append(f"config rejected: {self.config_error}")
+        degraded_leases = [lease.id for lease in self.alloc.leases() if lease.missing_gpus]
+        if degraded_leases:
+            reasons.append(f"lease(s) with missing GPUs: {', '.join(degraded_leases)}")
+        if self.irq is not None and self.irq.health().get("writable") is False:
+            reasons.append(f"IRQ affinity not writable: {self.irq.health().get('last_error')}")
+        return reasons
 
     def health(self) -> dict:
         now = time.monotonic()
+        degraded = self.degraded()
         return {
-            "status": "ok" if self.supervisor.healthy(now) else "degraded",
+            "status": "degraded" if degraded else "ok",
+            "degraded": degraded,
             "version": __version__,
+            "root": str(self.host.root),
             "uptime_seconds": round(time.time() - self.started, 3),
             "leases": len(self.alloc.leases()),
             "waiting": len(self.alloc.waiters),
-            "gpus": len(self.topology.gpus),
-            "gpus_free": len(self.topology.gpus) - len(self.alloc.leased_gpus()),
+            "gpus": len(self.state.topology.gpus),
+            "gpus_free": self.alloc.free_gpus(),
             "config_error": self.config_error,
+            "hotplug": self.hotplug.to_json() if self.hotplug is not None else {"active": False, "mode": "starting"},
+            "irq": self.irq.health() if self.irq is not None else {"mode": "off"},
             "loops": self.supervisor.report(now),
+            "commits": {"transactions": self.store.commits, "changes": self.store.changes},
         }
 
     def irq_report(self) -> dict:
         if self.irq is None:
-            return {"mode": "off", "reason": "IRQ balancing not enabled"}
+            return {"mode": "off", "reason": "IRQ balancing not enabled ([irq] mode = \"off\")"}
         return self.irq.report()
 
     def links_report(self) -> dict:
         if self.probe is None:
-            return {"enabled": False, "links": []}
+            return {"enabled": False, "reason": "link probing is disabled ([probe] enabled = false)", "links": []}
         return self.probe.report()
 
     def telemetry(self, body: Any) -> dict:
@@ -136,12 +197,18 @@ class Daemon:
         return render_metrics(self)
 
     def status_line(self) -> str:
-        free = len(self.topology.gpus) - len(self.alloc.leased_gpus())
-        parts = [f"{len(self.alloc.leases())} lease(s)", f"{free}/{len(self.topology.gpus)} GPU(s) free"]
+        total = len(self.state.topology.gpus)
+        parts = [f"{len(self.alloc.leases())} lease(s)", f"{self.alloc.free_gpus()}/{total} GPU(s) free"]
         if self.alloc.waiters:
             parts.append(f"{len(self.alloc.waiters)} waiting")
         if self.irq is not None:
             parts.append(self.irq.status())
+        degraded = self.supervisor.degraded_text()
+        if degraded:
+            parts.append(degraded)
+        missing = sum(1 for lease in self.alloc.leases() if lease.missing_gpus)
+        if missing:
+            parts.append(f"{missing} lease(s) degraded (GPU gone)")
         if self.config_error:
             parts.append(f"config rejected: {self.config_error}")
         return "; ".join(parts)
@@ -149,13 +216,31 @@ class Daemon:
     # -- events -------------------------------------------------------------------
     def _log_event(self, record: dict) -> None:
         fields = {k: v for k, v in record.items() if k not in ("event", "time")}
-        log.info(record["event"], **fields)
+        getattr(log, EVENT_LEVELS.get(record["event"], "info"))(record["event"], **fields)
 
     def _on_event(self, record: dict) -> None:
-        if record["event"] in ("lease_granted", "lease_released", "lease_revoked"):
-            self._wake_irq.set()
+        if record["event"] in LEASE_EVENTS:
+            if self.irq is not None:
+                self.irq.leases_changed()
             if self.probe is not None:
                 self.probe.leases_changed()
+
+    def _state_changed(self, kind: str) -> None:
+        if kind == "hardware":
+            new = {gpu.address for gpu in self.state.topology.gpus}
+            self.bus.publish("topology_changed", gpus_added=sorted(new - self._gpu_addresses),
+                             gpus_removed=sorted(self._gpu_addresses - new),
+                             devices=len(self.state.topology.pci_devices))
+            self._gpu_addresses = new
+            self.alloc.configure(self.config.section("alloc"), self._reserved_cpus())
+            if self.irq is not None:
+                self.irq.hardware_changed()
+            if self.probe is not None:
+                self.probe.hardware_changed()
+        elif kind == "calibration" and self.irq is not None:
+            self.irq.hardware_changed()  # a device's node moved: its IRQs' candidates did too
+        if kind in ("hardware", "calibration"):
+            self._exports_due.set()
 
     # -- running ------------------------------------------------------------------
     async def run(self, listen: socket.socket | None = None) -> None:
@@ -164,52 +249,211 @@ class Daemon:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
-        loop.add_signal_handler(signal.SIGHUP, self.reload)
-        recovered = self.alloc.recover()
-        log.info("daemon_started", version=__version__, root=str(self.host.root), leases=len(self.alloc.leases()),
-                 reclaimed=recovered, gpus=len(self.topology.gpus), warnings=len(self.topology.warnings))
-        self._start_optional_subsystems()
+        reclaimed = self.alloc.recover()
         runner = await serve(self, self.config, listen)
+        self.api_address = next((a for a in runner.addresses if isinstance(a, str) and a), None)
         metrics_runner = None
         if self.config.get("export", "metrics_tcp"):
             from topod.service.server import serve_metrics_tcp
 
             metrics_runner = await serve_metrics_tcp(self, self.config.get("export", "metrics_tcp"))
-        self.write_nccl_topology()
+        log.info("daemon_started", version=__version__, root=str(self.host.root), leases=len(self.alloc.leases()),
+                 reclaimed=reclaimed, gpus=len(self.state.topology.gpus), warnings=len(self.state.topology.warnings))
         try:
             async with asyncio.TaskGroup() as tasks:
-                tasks.create_task(self._loop("reaper", REAP_INTERVAL, self._reap_once))
-                tasks.create_task(self._rescan_loop())
-                if self.irq is not None:
-                    tasks.create_task(self._irq_loop())
-                if self.probe is not None:
-                    tasks.create_task(self._probe_loop())
-                tasks.create_task(self._watchdog_loop())
+                self._tasks = tasks
+                loop.add_signal_handler(signal.SIGHUP, lambda: tasks.create_task(self._reload_safely()))
+                self._reconcile_loops(None)
+                tasks.create_task(self._watchdog())
                 self.notifier.ready()
                 self.notifier.status(self.status_line())
                 await self._stop.wait()
                 self.notifier.stopping()
+                for task in self._loops.values():
+                    task.cancel()
                 raise _Shutdown
         except* _Shutdown:
             pass
         finally:
+            loop.remove_signal_handler(signal.SIGHUP)
             await runner.cleanup()
             if metrics_runner is not None:
                 await metrics_runner.cleanup()
             self.alloc.owner_watch.close()
-            self.store.close()
+            if self.hotplug is not None:
+                self.hotplug.close()
+            if self.probe is not None:
+                self.probe.close()
+            await asyncio.to_thread(self.store.close)
             log.info("daemon_stopped")
 
+    def stop(self) -> None:
+        self._stop.set()
+
+    def request_rescan(self) -> None:
+        self._rescan_now.set()
+
+    # -- the loops ------------------------------------------------------------------
+    def _reconcile_loops(self, old: Config | None) -> None:
+        """Start the loops the config asks for, stop the ones it no longer does, restart
+        those whose settings changed (a reload applies everything)."""
+        def changed(*sections: str) -> bool:
+            return old is None or any(old.section(s) != self.config.section(s) for s in sections)
+
+        wanted = {
+            "reaper": (True, False),
+            "load": (True, False),
+            "exports": (True, changed("export")),
+            "api": (self.api_address is not None, False),
+            "rescan": (True, changed("udev") or old.get("daemon", "rescan_interval_seconds")
+                       != self.config.get("daemon", "rescan_interval_seconds")),
+            "irq": (self.config.get("irq", "mode") != "off", changed("irq")),
+            "probe": (bool(self.config.get("probe", "enabled")), changed("probe")),
+        }
+        for name, (want, restart) in wanted.items():
+            running = name in self._loops and not self._loops[name].done()
+            if running and (not want or restart):
+                self._stop_loop(name)
+                running = False
+            if want and not running:
+                self._start_loop(name)
+
+    def _start_loop(self, name: str) -> None:
+        factories = {"reaper": self._reaper_loop, "load": self._load_loop, "exports": self._exports_loop,
+                     "api": self._liveness_loop, "rescan": self._rescan_loop, "irq": self._irq_loop,
+                     "probe": self._probe_loop}
+        assert self._tasks is not None
+        self._loops[name] = self._tasks.create_task(factories[name](), name=f"topod-{name}")
+
+    def _stop_loop(self, name: str) -> None:
+        task = self._loops.pop(name, None)
+        if task is not None:
+            task.cancel()
+        if name == "irq":
+            self.irq = None
+        elif name == "probe" and self.probe is not None:
+            self.probe.close()
+            self.probe = None
+        elif name == "rescan" and self.hotplug is not None:
+            self.hotplug.close()
+            self.hotplug = None
+
+    def _loop_failed(self, name: str, error: str, streak: int) -> None:
+        self.bus.publish("loop_failed", loop=name, error=error, streak=streak)
+
+    async def _supervised(self, name: str, iteration, deadline: float, **options) -> None:  # noqa: ANN001
+        await supervise(self.supervisor, name, iteration, deadline=deadline, report=self._loop_failed, **options)
+
+    def _deadline(self, period: float) -> float:
+        return max(period * 3 + 30.0, float(self.config.get("watchdog", "loop_deadline_seconds")))
+
+    async def _reaper_loop(self) -> None:
+        async def iteration() -> float:
+            if self.alloc.reap():
+                self.notifier.status(self.status_line())
+            return REAP_INTERVAL
+
+        await self._supervised("reaper", iteration, self._deadline(REAP_INTERVAL))
+
+    async def _load_loop(self) -> None:
+        async def iteration() -> float:
+            load = await asyncio.to_thread(self._load.sample, self.state.topology)
+            self.state.set_node_load(load)
+            return LOAD_INTERVAL
+
+        await self._supervised("load", iteration, self._deadline(LOAD_INTERVAL))
+
+    async def _exports_loop(self) -> None:
+        async def iteration() -> None:
+            await self._exports_due.wait()
+            self._exports_due.clear()
+            await asyncio.to_thread(self.write_nccl_topology)
+
+        await self._supervised("exports", iteration, float("inf"))
+
+    async def _rescan_loop(self) -> None:
+        interval = float(self.config.get("daemon", "rescan_interval_seconds"))
+        self.hotplug = await asyncio.to_thread(HotplugSource, self.host, udev_settings(self.config.section("udev")))
+        hotplug = self.hotplug
+
+        async def iteration() -> None:
+            waits = {asyncio.ensure_future(hotplug.next_change(interval)), asyncio.ensure_future(self._rescan_now.wait())}
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waiter in waits:
+                    waiter.cancel()
+            self._rescan_now.clear()
+            self.state.set_discovered(await asyncio.to_thread(discover_checked, self.host))
+
+        await self._supervised("rescan", iteration, self._deadline(interval))
+
+    async def _irq_loop(self) -> None:
+        from topod.service.irq_task import IrqTask
+
+        section = self.config.section("irq")
+        interval = float(section["interval_seconds"])
+        self.irq = task = IrqTask.from_section(
+            self.host, section, topology=lambda: self.state.topology, leased_cpus=self.alloc.leased_cpus,
+            publish=self.bus.publish, request_rescan=self.request_rescan)
+        await self._supervised("irq", lambda: task.iteration(interval), self._deadline(interval))
+
+    async def _probe_loop(self) -> None:
+        from topod.service.probe_task import ProbeTask
+
+        section = self.config.section("probe")
+        self.probe = task = await asyncio.to_thread(ProbeTask, self.host, self.state, section,
+                                                    self.alloc.leased_gpus, self.bus.publish)
+        await self._supervised("probe", task.iteration,
+                               self._deadline(float(section["max_interval_seconds"])))
+
+    async def _liveness_loop(self) -> None:
+        """The API's beat comes from the API answering a request through its own socket."""
+        async def iteration() -> float:
+            await asyncio.wait_for(self._ask_own_socket(), LIVENESS_TIMEOUT)
+            return LIVENESS_INTERVAL
+
+        await self._supervised("api", iteration, self._deadline(LIVENESS_INTERVAL), beat_on_failure=False)
+
+    async def _ask_own_socket(self) -> None:
+        reader, writer = await asyncio.open_unix_connection(self.api_address)
+        try:
+            writer.write(b"GET /v1/health HTTP/1.1\r\nHost: topod\r\nConnection: close\r\n\r\n")
+            await writer.drain()
+            status = await reader.readline()
+            if not status.startswith(b"HTTP/1.1 "):
+                raise ConnectionError(f"the API answered {status[:40]!r}")
+        finally:
+            writer.close()
+
+    async def _watchdog(self) -> None:
+        try:
+            interval = watchdog_interval()
+        except ValueError as exc:
+            log.error("watchdog_disabled", reason=str(exc))
+            interval = None
+        while True:
+            try:
+                await run_watchdog(self.notifier, self.supervisor, interval, status_text=self.status_line)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the watchdog itself is supervised too
+                log.error("loop_failed", loop="watchdog", error=repr(exc))
+                await asyncio.sleep(5.0)
+
+    # -- NCCL topology files ------------------------------------------------------
     def write_nccl_topology(self) -> None:
-        """[export] write_nccl_topology: the host's NCCL topology file, with corrected locality."""
-        if not self.config.get("export", "write_nccl_topology") or not self.topology.gpus:
+        """[export] write_nccl_topology: the host's NCCL topology file, with corrected
+        locality. Blocking: runs in a worker thread."""
+        topology = self.state.topology
+        if not self.config.get("export", "write_nccl_topology") or not topology.gpus:
             return
         from topod.export.nccl import build_nccl_xml, read_nccl_host_facts, render_nccl_xml, write_nccl_topology
 
         path = self.config.get("export", "nccl_topology_file")
         try:
-            facts = read_nccl_host_facts(self.host, self.topology)
-            xml = build_nccl_xml(self.topology, cpu_identity=facts.cpu_identity, net_names=facts.net_names,
+            facts = read_nccl_host_facts(self.host, topology)
+            xml = build_nccl_xml(topology, cpu_identity=facts.cpu_identity, net_names=facts.net_names,
                                  subsystem_ids=facts.subsystem_ids, gdr=facts.gdr)
             write_nccl_topology(render_nccl_xml(xml), path=path)
         except (OSError, TopodError, ValueError) as exc:
@@ -220,138 +464,35 @@ class Daemon:
     def _lease_nccl_path(self, lease_id: str) -> Path:
         return Path(self.config.get("daemon", "state_dir")) / "nccl" / f"{lease_id}.xml"
 
-    def _lease_nccl_environment(self, lease) -> dict[str, str]:
-        """With write_nccl_topology: a per-lease NCCL topology (its GPUs and CPUs only)."""
+    def _lease_nccl_environment(self, lease) -> dict[str, str]:  # noqa: ANN001 - Lease
         if not self.config.get("export", "write_nccl_topology") or not lease.gpus:
             return {}
+        return {"NCCL_TOPO_FILE": str(self._lease_nccl_path(lease.id))}
+
+    def _write_lease_nccl_topology(self, lease) -> None:  # noqa: ANN001 - Lease
+        """A per-lease NCCL topology (its GPUs and CPUs only). Worker thread."""
+        if not self._lease_nccl_environment(lease):
+            return
         from topod.export.nccl import build_nccl_xml, read_nccl_host_facts, render_nccl_xml, write_nccl_topology
 
+        topology = self.state.topology
         path = self._lease_nccl_path(lease.id)
         try:
-            facts = read_nccl_host_facts(self.host, self.topology)
-            xml = build_nccl_xml(self.topology, gpus=list(lease.gpus), cpus=list(lease.cpus) or None,
+            facts = read_nccl_host_facts(self.host, topology)
+            xml = build_nccl_xml(topology, gpus=list(lease.gpus), cpus=list(lease.cpus) or None,
                                  cpu_identity=facts.cpu_identity, net_names=facts.net_names,
                                  subsystem_ids=facts.subsystem_ids, gdr=facts.gdr)
             write_nccl_topology(render_nccl_xml(xml), path=str(path))
         except (OSError, TopodError, ValueError) as exc:
-            log.warning("nccl_topology_not_written", lease=lease.id, reason=str(exc))
-            return {}
-        return {"NCCL_TOPO_FILE": str(path)}
+            log.warning("nccl_topology_not_written", lease=lease.id, path=str(path), reason=str(exc))
 
-    def _remove_lease_files(self, lease) -> None:
+    def _remove_lease_files(self, lease) -> None:  # noqa: ANN001 - Lease
         try:
             self._lease_nccl_path(lease.id).unlink()
         except FileNotFoundError:
             pass
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def _start_optional_subsystems(self) -> None:
-        mode = self.config.get("irq", "mode")
-        if mode != "off":
-            from topod.service.irq_task import IrqTask
-
-            self.irq = IrqTask(self)
-        if self.config.get("probe", "enabled"):
-            from topod.service.probe_task import ProbeTask
-
-            self.probe = ProbeTask(self)
-
-    async def _loop(self, name: str, interval: float, step) -> None:
-        self.supervisor.register(name, max(interval * 5, float(self.config.get("watchdog", "loop_deadline_seconds"))))
-        while True:
-            try:
-                step()
-            except Exception as exc:  # noqa: BLE001 - a failing step must not kill the daemon
-                # No beat: if it keeps failing, the watchdog sees a stalled loop.
-                log.error("loop_step_failed", loop=name, error=repr(exc))
-            else:
-                self.supervisor.beat(name)
-            await asyncio.sleep(interval)
-
-    def _reap_once(self) -> None:
-        if self.alloc.reap():
-            self.notifier.status(self.status_line())
-
-    async def _rescan_loop(self) -> None:
-        from topod.service.hotplug import HotplugSource
-
-        name = "rescan"
-        interval = float(self.config.get("daemon", "rescan_interval_seconds"))
-        self.supervisor.register(name, interval * 2 + 60)
-        source = HotplugSource(self.host)
-        source.start(self._rescan.set)
-        try:
-            while True:
-                try:
-                    await asyncio.wait_for(self._rescan.wait(), timeout=interval)
-                except TimeoutError:
-                    pass
-                self._rescan.clear()
-                self.rediscover()
-                self.supervisor.beat(name)
-        finally:
-            source.stop()
-
-    def rediscover(self) -> bool:
-        new = discover(self.host)
-        if new == self.discovered:
-            return False
-        self.discovered = new
-        old_gpus = {g.address for g in self.topology.gpus}
-        new_gpus = {g.address for g in new.gpus}
-        self.topology = new
-        self.alloc.set_topology(new)
-        self.bus.publish("topology_changed", gpus_added=sorted(new_gpus - old_gpus),
-                         gpus_removed=sorted(old_gpus - new_gpus), devices=len(new.pci_devices))
-        self._wake_irq.set()
-        if self.probe is not None:
-            self.probe.topology_changed()
-        self.write_nccl_topology()
-        self.alloc.process_queue()
-        return True
-
-    async def _irq_loop(self) -> None:
-        name = "irq"
-        interval = float(self.config.get("irq", "interval_seconds"))
-        self.supervisor.register(name, interval * 3 + 30)
-        while True:
-            self.irq.cycle()
-            self.supervisor.beat(name)
-            self._wake_irq.clear()
-            try:
-                await asyncio.wait_for(self._wake_irq.wait(), timeout=interval)
-            except TimeoutError:
-                pass
-
-    async def _probe_loop(self) -> None:
-        name = "probe"
-        self.supervisor.register(name, float(self.config.get("probe", "max_interval_seconds")) * 2 + 120)
-        while True:
-            delay = await self.probe.step()
-            self.supervisor.beat(name)
-            await asyncio.sleep(delay)
-
-    async def _watchdog_loop(self) -> None:
-        from topod.service.watchdog import watchdog_interval
-
-        interval = watchdog_interval()
-        self.supervisor.register("api", 30.0)
-        last_status = ""
-        while True:
-            self.supervisor.beat("api")  # the loop itself running is the API loop making progress
-            now = time.monotonic()
-            if self.supervisor.healthy(now):
-                if interval is not None:
-                    self.notifier.watchdog()
-                status = self.status_line()
-            else:
-                status = f"stalled: {', '.join(self.supervisor.stalled(now))}"
-            if status != last_status:
-                self.notifier.status(status)
-                last_status = status
-            await asyncio.sleep(interval if interval is not None else 5.0)
+        except OSError as exc:
+            log.warning("lease_file_not_removed", lease=lease.id, reason=str(exc))
 
 
 class _Shutdown(Exception):

@@ -1,53 +1,62 @@
-"""Hot-plug: udev events on a live root trigger a rediscovery; captured trees have none."""
+"""What makes the daemon rediscover: debounced udev bursts on a live root (the watcher and
+cross-check of topod.discover.udev, the same code the umockdev tests run), else the
+rescan interval alone. A discovery on a live root is cross-checked against udev."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from dataclasses import replace
 
 import structlog
 
+from topod.discover import discover
+from topod.discover.udev import RebuildRequest, UdevSettings, cross_check, start_watcher
 from topod.host import HostRoot
+from topod.model import Topology
 
 log = structlog.get_logger("topod")
 
 
+def udev_settings(section: dict) -> UdevSettings:
+    return UdevSettings(enabled=bool(section["enabled"]), source=str(section["source"]),
+                        quiet_s=float(section["quiet_seconds"]), max_delay_s=float(section["max_delay_seconds"]))
+
+
 class HotplugSource:
-    def __init__(self, host: HostRoot) -> None:
+    def __init__(self, host: HostRoot, settings: UdevSettings) -> None:
         self.host = host
-        self.watcher = None
-        self.mode = "periodic rescan only"
+        self.watcher, self.mode = start_watcher(host, settings)
+        self.active = self.watcher is not None
+        self.last_burst: RebuildRequest | None = None
+        log.info("hotplug_source", mode=self.mode, active=self.active)
 
-    def start(self, on_change: Callable[[], None]) -> None:
-        if not self.host.is_live:
-            self.mode = "udev: not used for non-live root (periodic rescan only)"
-            log.info("hotplug_source", mode=self.mode)
-            return
-        try:
-            from topod.discover.udev import UdevWatcher
-
-            self.watcher = UdevWatcher()
-            self.watcher.start()
-            fd = self.watcher.fileno()
-        except Exception as exc:  # noqa: BLE001 - no udev (containers): say so, keep rescanning
-            self.watcher = None
-            self.mode = f"udev unavailable ({exc}); periodic rescan only"
-            log.warning("hotplug_source", mode=self.mode)
-            return
-
-        def readable() -> None:
-            if self.watcher is not None and self.watcher.drain():
-                on_change()
-
-        asyncio.get_running_loop().add_reader(fd, readable)
-        self.mode = "udev"
-        log.info("hotplug_source", mode=self.mode)
-
-    def stop(self) -> None:
+    async def next_change(self, timeout: float) -> RebuildRequest | None:
+        """The next debounced udev burst, or None once `timeout` seconds pass."""
         if self.watcher is None:
-            return
-        try:
-            asyncio.get_running_loop().remove_reader(self.watcher.fileno())
-        except (RuntimeError, ValueError, OSError):
-            pass
-        self.watcher = None
+            await asyncio.sleep(timeout)
+            return None
+        burst = await self.watcher.wait_for_change(timeout)
+        if burst is not None:
+            self.last_burst = burst
+        return burst
+
+    def close(self) -> None:
+        if self.watcher is not None:
+            self.watcher.close()
+            self.watcher = None
+
+    def to_json(self) -> dict[str, object]:
+        return {"active": self.active, "mode": self.mode,
+                "last_burst": self.last_burst.to_json() if self.last_burst else None}
+
+
+def discover_checked(host: HostRoot) -> Topology:
+    """Discovery, plus udev's view of the PCI tree on a live root (mismatches become
+    warnings). Blocking: the daemon runs it in a worker thread."""
+    topology = discover(host)
+    if not host.is_live:
+        return topology
+    check = cross_check(host, topology)
+    if check.findings:
+        topology = replace(topology, warnings=topology.warnings + tuple(check.findings))
+    return topology

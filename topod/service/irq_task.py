@@ -1,37 +1,96 @@
-"""The IRQ cycle inside the daemon: the balancer, fed the live topology and leased CPUs."""
+"""The IRQ loop inside the daemon: full cycles on the interval and on hardware changes,
+coalesced incremental re-plans after lease changes, all in a worker thread (the balancer
+reads and writes /proc) and one at a time."""
 
 from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
 
 import structlog
 
 from topod.irq.cycle import IrqBalancer
 from topod.irq.settings import IrqSettings
+from topod.model import Topology
 
 log = structlog.get_logger("topod")
+COALESCE_SECONDS = 0.2  # one re-plan per burst of lease changes, this long after the first
 
 
 class IrqTask:
-    def __init__(self, daemon) -> None:
-        self.daemon = daemon
-        self.balancer = IrqBalancer(daemon.host, IrqSettings.from_section(daemon.config.section("irq")))
+    def __init__(self, balancer: IrqBalancer, topology: Callable[[], Topology], leased_cpus: Callable[[], set[int]],
+                 publish: Callable[..., None], request_rescan: Callable[[], None]) -> None:
+        self.balancer = balancer
+        self._topology = topology
+        self._leased_cpus = leased_cpus
+        self._publish = publish
+        self._request_rescan = request_rescan
+        self._lock = asyncio.Lock()
+        self._full = asyncio.Event()
+        self._full.set()  # the first iteration is a full cycle
+        self._replan = asyncio.Event()
         self.last_moves = 0
-        self.moves_total = 0
+        self.last_duration = 0.0
 
-    def configure(self, config) -> None:
-        self.balancer.configure(IrqSettings.from_section(config.section("irq")))
+    @classmethod
+    def from_section(cls, host, section: dict, **callbacks) -> IrqTask:  # noqa: ANN001 - HostRoot
+        return cls(IrqBalancer(host, IrqSettings.from_section(section)), **callbacks)
 
-    def cycle(self) -> None:
-        report = self.balancer.cycle(self.daemon.topology, self.daemon.alloc.leased_cpus())
+    def configure(self, section: dict) -> None:
+        self.balancer.configure(IrqSettings.from_section(section))
+        self._full.set()
+
+    # -- triggers (called on the event loop) -------------------------------------------
+    def leases_changed(self) -> None:
+        self._replan.set()
+
+    def hardware_changed(self) -> None:
+        self._full.set()
+
+    # -- the loop's iteration -------------------------------------------------------
+    async def iteration(self, interval: float) -> None:
+        """Wait for a trigger or the interval, then run one cycle or re-plan."""
+        if not self._full.is_set():
+            waits = {asyncio.ensure_future(self._full.wait()), asyncio.ensure_future(self._replan.wait())}
+            try:
+                await asyncio.wait(waits, timeout=interval, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waiter in waits:
+                    waiter.cancel()
+            if not self._replan.is_set():
+                self._full.set()  # the interval passed (or hardware changed): a full cycle
+        if not self._full.is_set():
+            await asyncio.sleep(COALESCE_SECONDS)  # let the burst of lease changes finish
+        full = self._full.is_set()
+        self._full.clear()
+        self._replan.clear()
+        await self.run(full)
+
+    async def run(self, full: bool) -> None:
+        topology, leased = self._topology(), set(self._leased_cpus())
+        step = self.balancer.cycle if full else self.balancer.replan
+        async with self._lock:
+            started = time.perf_counter()
+            report = await asyncio.to_thread(step, topology, leased)
+            self.last_duration = time.perf_counter() - started
         self.last_moves = report.moves
-        self.moves_total += report.moves
         for event in report.events:
             fields = {k: v for k, v in event.items() if k != "event"}
-            self.daemon.bus.publish(str(event.get("event", "irq_event")), **fields)
+            self._publish(str(event.get("event", "irq_event")), **fields)
         if report.rediscover:
-            self.daemon._rescan.set()
+            self._request_rescan()
+
+    # -- views ----------------------------------------------------------------------
+    @property
+    def moves_total(self) -> int:
+        return self.balancer.moves_total
 
     def report(self) -> dict:
         return self.balancer.report()
 
+    def health(self) -> dict:
+        return self.balancer.health()
+
     def status(self) -> str:
-        return f"IRQ cycle {self.balancer.cycles} ({self.balancer.settings.mode}), {self.last_moves} move(s)"
+        return self.balancer.status_text()

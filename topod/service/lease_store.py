@@ -1,17 +1,29 @@
 """The lease store: SQLite in the state dir, the only allocation state that survives.
 
-WAL with synchronous=FULL: a lease is on disk before the API answers. A GPU can be in at
-most one lease: the lease_gpus table's primary key makes a double grant impossible even
-if the engine erred.
+One writer thread owns the database and commits in groups: every change queued while a
+commit is running goes into the next transaction, so concurrent grants and releases
+share one fsync (WAL, synchronous=FULL). The in-memory mirror changes at once, on the
+event loop, so decisions always see it; each change returns a future that resolves when
+the transaction holding it is on disk, and the API answers only after that. A failed
+commit undoes its changes in the mirror.
+
+A GPU (by PCI address) is in at most one lease: the mirror refuses a conflicting lease
+before it is queued, and the lease_devices primary key refuses it again on disk.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import sqlite3
-from dataclasses import asdict, dataclass
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from topod.alloc.request import Decision, Performance, Placement
 from topod.errors import TopodError
 
 SCHEMA = """
@@ -19,117 +31,398 @@ CREATE TABLE IF NOT EXISTS leases (
     id TEXT PRIMARY KEY,
     body TEXT NOT NULL
 );
-CREATE TABLE IF NOT EXISTS lease_gpus (
-    gpu INTEGER PRIMARY KEY,
+CREATE TABLE IF NOT EXISTS lease_devices (
+    address TEXT PRIMARY KEY,
     lease_id TEXT NOT NULL REFERENCES leases(id) ON DELETE CASCADE
 );
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"  # 1: lease_gpus keyed by GPU index, decision as an untyped dict
+STATES = ("active", "preempting", "degraded")
 
 
 class LeaseConflictError(TopodError):
     code = "gpu_already_leased"
 
 
+class LeaseStoreError(TopodError):
+    """The lease database could not be written: the change was undone."""
+
+    code = "state_write_failed"
+
+
 @dataclass(frozen=True, slots=True)
 class Lease:
     id: str
-    state: str  # active | preempting
+    state: str  # active | preempting | degraded (a GPU of it is gone)
     owner_uid: int
     owner_gid: int
     requester_pid: int | None
     owner_pid: int | None  # the lease ends when this process exits
+    owner_start_time: float | None  # tells a recycled pid from the owner after a restart
     job: str | None
     priority: int
     preemptible: bool
-    gpus: tuple[int, ...]
-    cpus: tuple[int, ...]
-    memory_nodes: tuple[int, ...]
+    decision: Decision
+    gpu_uuids: tuple[str | None, ...]  # per placement, for CUDA_VISIBLE_DEVICES and clients
+    environment: dict[str, str]
     created: float  # wall-clock seconds
     expires: float | None  # wall-clock seconds; None = no ttl
     ttl_seconds: float | None
-    decision: dict
     preempt_deadline: float | None = None
+    missing_gpus: tuple[int, ...] = ()  # GPUs of the lease the current topology lacks
 
-    def to_json(self) -> dict:
-        body = asdict(self)
-        for key in ("gpus", "cpus", "memory_nodes"):
-            body[key] = list(body[key])
-        return body
+    @property
+    def gpus(self) -> tuple[int, ...]:
+        return self.decision.gpus
+
+    @property
+    def cpus(self) -> tuple[int, ...]:
+        return tuple(sorted(cpu for cpus in self.decision.cpus.values() for cpu in cpus))
+
+    @property
+    def memory_nodes(self) -> tuple[int, ...]:
+        return self.decision.memory_nodes
+
+    @property
+    def addresses(self) -> tuple[str, ...]:
+        return tuple(placement.address for placement in self.decision.placements)
+
+    def to_json(self) -> dict[str, Any]:
+        """The lease as the API shows it and the store keeps it (schema 2)."""
+        decision = self.decision
+        return {
+            "id": self.id, "state": self.state,
+            "owner_uid": self.owner_uid, "owner_gid": self.owner_gid,
+            "owner_pid": self.owner_pid, "requester_pid": self.requester_pid,
+            "owner_start_time": self.owner_start_time,
+            "job": self.job, "priority": self.priority, "preemptible": self.preemptible,
+            "gpus": list(self.gpus), "cpus": list(self.cpus), "memory_nodes": list(self.memory_nodes),
+            "missing_gpus": list(self.missing_gpus),
+            "placements": [{**placement.to_json(), "uuid": uuid}
+                           for placement, uuid in zip(decision.placements, self.gpu_uuids)],
+            "created": self.created, "expires": self.expires, "ttl_seconds": self.ttl_seconds,
+            "preempt_deadline": self.preempt_deadline,
+            "decision": {
+                "cost": round(decision.cost, 6), "best_cost": round(decision.best_cost, 6),
+                "level": decision.level, "requested_level": decision.requested_level,
+                "satisfaction": round(decision.satisfaction, 6), "numa_nodes": list(decision.numa_nodes),
+                "performance": decision.performance.to_json(), "exact": decision.exact,
+                "cpu_fallback": decision.cpu_fallback, "reasons": list(decision.reasons),
+            },
+            "environment": dict(self.environment),
+        }
 
     @classmethod
-    def from_json(cls, body: dict) -> Lease:
-        data = dict(body)
-        for key in ("gpus", "cpus", "memory_nodes"):
-            data[key] = tuple(data[key])
-        return cls(**data)
+    def from_json(cls, body: dict[str, Any]) -> Lease:
+        """Schema 2 (to_json) or schema 1 (the untyped decision of topod 0.1)."""
+        if "placements" not in body:
+            body = _upgrade_v1(body)
+        placements = tuple(Placement(index=int(p["index"]), address=str(p["address"]), numa_node=p["numa_node"],
+                                     cpus=tuple(p["cpus"]), cpu_node=p.get("cpu_node"))
+                           for p in body["placements"])
+        raw = body["decision"]
+        perf = raw.get("performance") or {}
+        decision = Decision(
+            gpus=tuple(p.index for p in placements), placements=placements,
+            cpus={p.index: p.cpus for p in placements},
+            memory_nodes=tuple(body["memory_nodes"]), numa_nodes=tuple(raw.get("numa_nodes", ())),
+            cost=float(raw.get("cost", 0.0)), best_cost=float(raw.get("best_cost", 0.0)),
+            level=str(raw.get("level", "any")), requested_level=str(raw.get("requested_level", "any")),
+            satisfaction=float(raw.get("satisfaction", 1.0)),
+            performance=Performance(relative_bandwidth=float(perf.get("relative_allreduce_bandwidth", 1.0)),
+                                    weakest_pair=perf.get("weakest_pair"),
+                                    weakest_pair_gbps=perf.get("weakest_pair_gbps"),
+                                    level_floors=dict(perf.get("level_floors", {}))),
+            exact=bool(raw.get("exact", True)), cpu_fallback=bool(raw.get("cpu_fallback", False)),
+            reasons=tuple(raw.get("reasons", ())),
+        )
+        return cls(
+            id=body["id"], state=body["state"], owner_uid=body["owner_uid"], owner_gid=body["owner_gid"],
+            requester_pid=body.get("requester_pid"), owner_pid=body.get("owner_pid"),
+            owner_start_time=body.get("owner_start_time"), job=body.get("job"), priority=int(body["priority"]),
+            preemptible=bool(body["preemptible"]), decision=decision,
+            gpu_uuids=tuple(p.get("uuid") for p in body["placements"]),
+            environment={str(k): str(v) for k, v in body.get("environment", {}).items()},
+            created=float(body["created"]), expires=body.get("expires"), ttl_seconds=body.get("ttl_seconds"),
+            preempt_deadline=body.get("preempt_deadline"), missing_gpus=tuple(body.get("missing_gpus", ())),
+        )
+
+
+def _upgrade_v1(body: dict[str, Any]) -> dict[str, Any]:
+    decision = dict(body.get("decision") or {})
+    upgraded = dict(body)
+    upgraded["placements"] = [{**p, "uuid": None} for p in decision.pop("gpus", [])]
+    upgraded["owner_start_time"] = decision.pop("owner_start_time", None)
+    upgraded["environment"] = decision.pop("environment", {})
+    upgraded["decision"] = decision
+    return upgraded
+
+
+@dataclass(slots=True)
+class _Op:
+    sql: list[tuple[str, tuple | list]]  # statements; executemany when params is a list
+    undo: Callable[[], None]
+    future: asyncio.Future | None
+    loop: asyncio.AbstractEventLoop | None
+    error: BaseException | None = field(default=None)
+    written: threading.Event | None = None  # set once the op's batch is written (flush)
 
 
 class LeaseStore:
     def __init__(self, state_dir: str | Path) -> None:
         directory = Path(state_dir)
-        directory.mkdir(parents=True, exist_ok=True)
+        _private_directory(directory)
         self.path = directory / "leases.sqlite3"
+        _private_file(self.path)
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA foreign_keys=ON")
-        self._db.executescript(SCHEMA)
-        self._db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (SCHEMA_VERSION,))
-        # The database is the truth; this mirror only spares a query and a JSON parse per read.
+        self._migrate()
+        for suffix in ("-wal", "-shm"):
+            side = Path(f"{self.path}{suffix}")
+            if side.exists():
+                os.chmod(side, 0o600)
+        # The database is the truth; the mirror spares a query per read and lets a
+        # decision see changes whose commit is still in flight.
         self._cache: dict[str, Lease] = {lease.id: lease for lease in self._load()}
+        self._json: dict[str, tuple[Lease, dict[str, Any]]] = {}
+        self._holder: dict[str, str] = {address: lease.id for lease in self._cache.values()
+                                         for address in lease.addresses}
+        self._pending: list[_Op] = []
+        self._cond = threading.Condition()
+        self._closing = False
+        self._writer: threading.Thread | None = None
+        self.commits = 0  # transactions written (one fsync each)
+        self.changes = 0  # changes they carried
 
-    def close(self) -> None:
-        self._db.close()
+    # -- opening ------------------------------------------------------------------
+    def _migrate(self) -> None:
+        db = self._db
+        db.executescript(SCHEMA)
+        row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        version = row[0] if row else None
+        if version == "1":
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                for lease_id, body in db.execute("SELECT id, body FROM leases").fetchall():
+                    lease = Lease.from_json(json.loads(body))
+                    db.execute("UPDATE leases SET body = ? WHERE id = ?", (json.dumps(lease.to_json()), lease_id))
+                    db.executemany("INSERT INTO lease_devices VALUES (?, ?)",
+                                   [(address, lease.id) for address in lease.addresses])
+                db.execute("DROP TABLE IF EXISTS lease_gpus")
+                db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (SCHEMA_VERSION,))
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+        elif version is None:
+            db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (SCHEMA_VERSION,))
+        elif version != SCHEMA_VERSION:
+            raise TopodError(f"{self.path}: lease database schema {version} is newer than this topod "
+                             f"({SCHEMA_VERSION}); upgrade topod or move the file away")
 
     def _load(self) -> list[Lease]:
         rows = self._db.execute("SELECT body FROM leases ORDER BY rowid").fetchall()
         return [Lease.from_json(json.loads(body)) for (body,) in rows]
 
+    # -- reading (the mirror) -----------------------------------------------------
     def all(self) -> list[Lease]:
         return list(self._cache.values())
 
     def get(self, lease_id: str) -> Lease | None:
         return self._cache.get(lease_id)
 
-    def add(self, lease: Lease) -> None:
-        try:
-            with self._transaction():
-                self._db.execute("INSERT INTO leases VALUES (?, ?)", (lease.id, json.dumps(lease.to_json())))
-                self._db.executemany("INSERT INTO lease_gpus VALUES (?, ?)", [(g, lease.id) for g in lease.gpus])
-        except sqlite3.IntegrityError as exc:
-            raise LeaseConflictError(f"GPU(s) {list(lease.gpus)} already leased: {exc}") from exc
+    def holder_of(self, address: str) -> str | None:
+        return self._holder.get(address)
+
+    def leased_addresses(self) -> set[str]:
+        return set(self._holder)
+
+    def json_of(self, lease: Lease) -> dict[str, Any]:
+        """The lease's JSON, built once per version of the lease."""
+        cached = self._json.get(lease.id)
+        if cached is not None and cached[0] is lease:
+            return cached[1]
+        body = lease.to_json()
+        if self._cache.get(lease.id) is lease:
+            self._json[lease.id] = (lease, body)
+        return body
+
+    # -- changing -----------------------------------------------------------------
+    def add(self, lease: Lease) -> asyncio.Future | None:
+        taken = {address: self._holder[address] for address in lease.addresses if address in self._holder}
+        if taken or lease.id in self._cache:
+            raise LeaseConflictError(f"GPU(s) {sorted(taken)} already leased ({sorted(set(taken.values()))})")
+        self._cache[lease.id] = lease
+        for address in lease.addresses:
+            self._holder[address] = lease.id
+
+        def undo() -> None:
+            self._cache.pop(lease.id, None)
+            self._json.pop(lease.id, None)
+            for address in lease.addresses:
+                if self._holder.get(address) == lease.id:
+                    del self._holder[address]
+
+        body = json.dumps(lease.to_json())
+        return self._queue([("INSERT INTO leases VALUES (?, ?)", (lease.id, body)),
+                            ("INSERT INTO lease_devices VALUES (?, ?)", [(a, lease.id) for a in lease.addresses])],
+                           undo)
+
+    def update(self, lease: Lease) -> asyncio.Future | None:
+        previous = self._cache.get(lease.id)
+        if previous is None:
+            raise KeyError(lease.id)
+        if previous.addresses != lease.addresses:
+            raise ValueError("a lease's GPUs never change; end it and grant another")
         self._cache[lease.id] = lease
 
-    def update(self, lease: Lease) -> None:
-        with self._transaction():
-            cursor = self._db.execute("UPDATE leases SET body = ? WHERE id = ?",
-                                      (json.dumps(lease.to_json()), lease.id))
-            if cursor.rowcount != 1:
-                raise KeyError(lease.id)
-        self._cache[lease.id] = lease
+        def undo() -> None:
+            if self._cache.get(lease.id) is lease:
+                self._cache[lease.id] = previous
 
-    def remove(self, lease_id: str) -> Lease | None:
-        lease = self.get(lease_id)
+        return self._queue([("UPDATE leases SET body = ? WHERE id = ?", (json.dumps(lease.to_json()), lease.id))],
+                           undo)
+
+    def remove(self, lease_id: str) -> tuple[Lease, asyncio.Future | None] | None:
+        lease = self._cache.pop(lease_id, None)
         if lease is None:
             return None
-        with self._transaction():
-            self._db.execute("DELETE FROM lease_gpus WHERE lease_id = ?", (lease_id,))
-            self._db.execute("DELETE FROM leases WHERE id = ?", (lease_id,))
-        self._cache.pop(lease_id, None)
-        return lease
+        self._json.pop(lease_id, None)
+        for address in lease.addresses:
+            if self._holder.get(address) == lease_id:
+                del self._holder[address]
 
-    def _transaction(self):
-        return _Transaction(self._db)
+        def undo() -> None:
+            if any(self._holder.get(a) not in (None, lease_id) for a in lease.addresses):
+                return  # already granted again: the disk will say so at the next start
+            self._cache[lease_id] = lease
+            for address in lease.addresses:
+                self._holder[address] = lease_id
+
+        return lease, self._queue([("DELETE FROM lease_devices WHERE lease_id = ?", (lease_id,)),
+                                   ("DELETE FROM leases WHERE id = ?", (lease_id,))], undo)
+
+    def _queue(self, sql: list[tuple[str, tuple | list]], undo: Callable[[], None]) -> asyncio.Future | None:
+        """The future of the commit holding this change; None when there is no event loop
+        (tools, tests of parts): then the change is written before this returns."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is None:
+            self.flush()
+            op = _Op(sql, undo, None, None)
+            self._write([op])
+            if op.error is not None:
+                undo()
+                raise _failure(op.error)
+            return None
+        future = loop.create_future()
+        op = _Op(sql, undo, future, loop)
+        with self._cond:
+            if self._closing:
+                undo()
+                raise LeaseStoreError("the lease store is closed; the change was not made")
+            self._pending.append(op)
+            if self._writer is None:
+                self._writer = threading.Thread(target=self._run_writer, name="topod-lease-writer", daemon=True)
+                self._writer.start()
+            self._cond.notify()
+        return future
+
+    # -- the writer thread ------------------------------------------------------------
+    def _run_writer(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._closing:
+                    self._cond.wait()
+                batch, self._pending = self._pending, []
+                if not batch and self._closing:
+                    return
+            self._write(batch)
+            for op in batch:
+                if op.written is not None:
+                    op.written.set()
+                if op.loop is not None:
+                    try:
+                        op.loop.call_soon_threadsafe(_settle, op)
+                    except RuntimeError:  # the loop is gone (shutdown): nothing waits any more
+                        pass
+
+    def _write(self, batch: list[_Op]) -> None:
+        """One transaction for the whole batch; a change that violates a constraint fails
+        alone (savepoint), a failed COMMIT fails them all."""
+        db = self._db
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            for op in batch:
+                db.execute("SAVEPOINT change")
+                try:
+                    for statement, params in op.sql:
+                        if isinstance(params, list):
+                            db.executemany(statement, params)
+                        else:
+                            db.execute(statement, params)
+                except sqlite3.Error as exc:
+                    db.execute("ROLLBACK TO change")
+                    op.error = exc
+                db.execute("RELEASE change")
+            db.execute("COMMIT")
+            self.commits += 1
+            self.changes += len(batch)
+        except sqlite3.Error as exc:
+            try:
+                db.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            for op in batch:
+                op.error = op.error or exc
+
+    def flush(self, timeout: float = 30.0) -> None:
+        """Wait until every change queued so far is on disk (or failed)."""
+        with self._cond:
+            if self._writer is None or not self._writer.is_alive():
+                return
+            marker = _Op([], lambda: None, None, None, written=threading.Event())
+            self._pending.append(marker)
+            self._cond.notify()
+        marker.written.wait(timeout)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        if self._writer is not None:
+            self._writer.join(timeout=30)
+        self._db.close()
 
 
-class _Transaction:
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self.db = db
+def _settle(op: _Op) -> None:
+    """On the event loop: resolve a change's future; a failed one is undone first."""
+    if op.future is None or op.future.done():
+        return
+    if op.error is None:
+        op.future.set_result(None)
+        return
+    op.undo()
+    op.future.set_exception(_failure(op.error))
 
-    def __enter__(self) -> None:
-        self.db.execute("BEGIN IMMEDIATE")
 
-    def __exit__(self, kind, value, traceback) -> None:
-        self.db.execute("COMMIT" if kind is None else "ROLLBACK")
+def _failure(error: BaseException) -> TopodError:
+    if isinstance(error, sqlite3.IntegrityError):
+        return LeaseConflictError(f"refused by the lease database: {error}")
+    return LeaseStoreError(f"lease database write failed, change undone: {error}")
+
+
+def _private_directory(directory: Path) -> None:
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(directory, 0o700)  # leases name users and jobs: not for every local user
+
+
+def _private_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    os.close(fd)
+    os.chmod(path, 0o600)

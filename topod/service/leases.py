@@ -1,8 +1,11 @@
-"""The allocation service: the engine's decisions carried out on durable leases.
+"""The lease service: the engine's decisions carried out on durable leases.
 
-Pure decisions come from topod.alloc.engine/policy; this shell owns the lease store, the
-waiting queue, expiry, owner-process watching and gentle preemption. Nothing here
-computes a placement itself.
+Pure decisions come from topod.alloc (engine, policy, preemption); this shell owns the
+waiting queue, expiry, owner-process watching, gentle preemption and the leases' fate
+when hardware changes. Every change goes through the LeaseStore, whose group commit
+resolves a future once the change is on disk: callers answer only after it. A waiting
+request belongs to its connection: when the client goes, so does the request, and a
+grant made in that instant is taken back.
 """
 
 from __future__ import annotations
@@ -14,16 +17,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import structlog
+
 from topod.alloc.errors import InvalidRequestError
-from topod.alloc.request import ServiceRequest
+from topod.alloc.policy import PolicySettings, effective_priority
+from topod.alloc.request import FreeState, RequestLimits, ServiceRequest
 from topod.api.peer import Caller
-from topod.service.lease_store import Lease, LeaseStore
-from topod.service.owner import OwnerWatch, process_start_time
-from topod.distance import DistanceModel
+from topod.cpulist import format_cpulist
 from topod.errors import AllocationError, TopodError
 from topod.events import EventBus
-from topod.model import Topology
+from topod.service.lease_store import Lease, LeaseStore
+from topod.service.owner import OwnerWatch, process_start_time
+from topod.service.state import HostState
 
+log = structlog.get_logger("topod")
 WAITABLE_CODES = ("insufficient_gpus", "level_unreachable", "insufficient_cpus")
 
 
@@ -49,18 +56,22 @@ class Waiter:
     service: ServiceRequest
     caller: Caller
     enqueued: float
-    future: asyncio.Future
+    future: asyncio.Future  # resolves to (Lease, commit future)
+    connected: Callable[[], bool]
     victims: tuple[str, ...] = ()
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
 
-class AllocationService:
-    def __init__(self, topology: Topology, store: LeaseStore, bus: EventBus, settings: dict[str, Any],
+def _always_connected() -> bool:
+    return True
+
+
+class LeaseService:
+    def __init__(self, state: HostState, store: LeaseStore, bus: EventBus, settings: dict[str, Any],
                  reserved_cpus: set[int], clock: Callable[[], float] = time.time) -> None:
+        self.state = state
         self.store = store
         self.bus = bus
-        self.settings = settings
-        self.reserved_cpus = set(reserved_cpus)
         self.clock = clock
         self.waiters: list[Waiter] = []
         self.owner_watch = OwnerWatch(self._owner_exited)
@@ -70,121 +81,126 @@ class AllocationService:
         # bucket counters go down between scrapes).
         self.decision_latency = LatencyHistogram()
         self.results: dict[str, int] = {}
-        self.corrections: dict[tuple[str, str], float] = {}
-        # The daemon may add per-lease files (an NCCL topology) to a lease's environment.
+        # The daemon may add per-lease files (an NCCL topology): environment() names
+        # them, prepare_files() writes them in a worker thread before the answer.
         self.extra_environment: Callable[[Lease], dict[str, str]] | None = None
+        self.prepare_files: Callable[[Lease], None] | None = None
         self.on_lease_end: Callable[[Lease], None] | None = None
-        self.set_topology(topology)
+        self.configure(settings, reserved_cpus)
+        state.add_listener(self._state_changed)
 
-    # -- topology -------------------------------------------------------------
-    def set_topology(self, topology: Topology) -> None:
-        self.topology = topology
-        self.distances = DistanceModel(topology, corrections=self.corrections)
-
-    def set_corrections(self, corrections: dict[tuple[str, str], float]) -> None:
-        self.corrections = dict(corrections)
-        self.distances = DistanceModel(self.topology, corrections=self.corrections)
+    def configure(self, settings: dict[str, Any], reserved_cpus: set[int]) -> None:
+        self.settings = dict(settings)
+        self.reserved_cpus = set(reserved_cpus)
+        fields = PolicySettings.__dataclass_fields__
+        self.policy = PolicySettings(**{k: v for k, v in self.settings.items() if k in fields})
+        self.limits = RequestLimits(max_wait_seconds=float(self.settings["max_wait_seconds"]),
+                                    max_ttl_seconds=float(self.settings["renew_max_ttl_seconds"]))
 
     # -- views ----------------------------------------------------------------
+    @property
+    def topology(self):
+        return self.state.topology
+
+    @property
+    def distances(self):
+        return self.state.distances
+
     def leases(self) -> list[Lease]:
         return self.store.all()
 
     def leased_gpus(self) -> set[int]:
-        return {gpu for lease in self.store.all() for gpu in lease.gpus}
+        """Indices of present GPUs that a lease holds (a lease's missing GPU is not here)."""
+        leased = self.store.leased_addresses()
+        return {gpu.index for gpu in self.topology.gpus if gpu.address in leased}
+
+    def free_gpus(self) -> int:
+        return len(self.topology.gpus) - len(self.leased_gpus())
 
     def leased_cpus(self) -> set[int]:
         return {cpu for lease in self.store.all() for cpu in lease.cpus}
 
-    def free_state(self):
-        from topod.alloc.request import FreeState
-
-        leases = self.store.all()
-        # node_load is a utilisation share (0-1) per node; topod has no such measurement
-        # yet, so back-pressure stays neutral rather than mistaking leased GPUs for load.
-        node_load: dict[int, float] = {}
+    def free_state(self) -> FreeState:
         return FreeState(
-            busy_gpus=frozenset(g for lease in leases for g in lease.gpus),
-            busy_cpus=frozenset(c for lease in leases for c in lease.cpus),
+            busy_gpus=frozenset(self.leased_gpus()),
+            busy_cpus=frozenset(self.leased_cpus()),
             reserved_cpus=frozenset(self.reserved_cpus),
-            node_load=node_load,
+            node_load=dict(self.state.node_load),
         )
 
     # -- allocation -----------------------------------------------------------
     def parse(self, body: Any):
         from topod.alloc.request import Request
 
-        service, engine_body = ServiceRequest.split(body)
+        service, engine_body = ServiceRequest.split(body, self.limits)
         engine_body.setdefault("level", self.settings.get("default_level", "good"))
         return service, Request.from_json(engine_body)
 
     def decide(self, request, waited: float = 0.0, ttl_seconds: float | None = None):
         from topod.alloc.engine import allocate
-        from topod.alloc.policy import PolicySettings
 
-        fields = PolicySettings.__dataclass_fields__
-        policy = PolicySettings(**{k: v for k, v in self.settings.items() if k in fields})
         started = time.perf_counter()
         try:
-            return allocate(self.topology, self.distances, self.free_state(), request, policy,
+            return allocate(self.topology, self.distances, self.free_state(), request, self.policy,
                             waited_seconds=waited, ttl_seconds=ttl_seconds)
         finally:
             self.decision_latency.observe(time.perf_counter() - started)
 
-    def grant(self, request, decision, service: ServiceRequest, caller: Caller) -> Lease:
+    def _grant(self, request, decision, service: ServiceRequest, caller: Caller) -> tuple[Lease, asyncio.Future | None]:
+        """The lease in the mirror now; on disk when the returned commit resolves."""
         now = self.clock()
         owner_pid = service.owner_pid
-        body = decision.to_json()
+        by_index = {gpu.index: gpu for gpu in self.topology.gpus}
         lease = Lease(
-            id=uuid.uuid4().hex[:16],
-            state="active",
-            owner_uid=caller.uid,
-            owner_gid=caller.gid,
-            requester_pid=caller.pid,
-            owner_pid=owner_pid,
-            job=getattr(request, "job", None),
-            priority=int(getattr(request, "priority", 0)),
-            preemptible=bool(getattr(request, "preemptible", False)),
-            gpus=tuple(body["gpus_indices"]),
-            cpus=tuple(body["cpus"]),
-            memory_nodes=tuple(body["memory_nodes"]),
-            created=now,
-            expires=now + service.ttl_seconds if service.ttl_seconds else None,
+            id=uuid.uuid4().hex[:16], state="active",
+            owner_uid=caller.uid, owner_gid=caller.gid, requester_pid=caller.pid,
+            owner_pid=owner_pid, owner_start_time=process_start_time(owner_pid) if owner_pid else None,
+            job=request.job, priority=request.priority, preemptible=request.preemptible,
+            decision=decision,
+            gpu_uuids=tuple((by_index[p.index].uuid if p.index in by_index else None) or None
+                            for p in decision.placements),
+            environment={},
+            created=now, expires=now + service.ttl_seconds if service.ttl_seconds else None,
             ttl_seconds=service.ttl_seconds,
-            decision={**body, "owner_start_time": process_start_time(owner_pid) if owner_pid else None},
         )
-        environment = self.environment(lease)
-        if self.extra_environment is not None:
-            environment.update(self.extra_environment(lease))
-        lease = replace(lease, decision={**lease.decision, "environment": environment})
-        self.store.add(lease)
+        lease = replace(lease, environment=self.environment(lease))
+        commit = self.store.add(lease)
         if owner_pid:
             self.owner_watch.watch(lease.id, owner_pid)
+        self._after(commit, lambda: self._granted(lease), lambda exc: self._grant_failed(lease, exc))
+        return lease, commit
+
+    def _granted(self, lease: Lease) -> None:
         self._count("granted")
         self.bus.publish("lease_granted", lease=lease.id, gpus=list(lease.gpus), cpus=len(lease.cpus),
-                         uid=lease.owner_uid, job=lease.job, level=body.get("level"))
-        return lease
+                         uid=lease.owner_uid, job=lease.job, level=lease.decision.level)
+
+    def _grant_failed(self, lease: Lease, exc: BaseException) -> None:
+        self.owner_watch.unwatch(lease.id)
+        self._count("failed")
+        log.error("lease_not_stored", lease=lease.id, error=str(exc))
 
     def environment(self, lease: Lease) -> dict[str, str]:
         """What a job needs to use its lease: devices, CPUs, memory nodes."""
-        from topod.cpulist import format_cpulist
-
-        gpus = [self.topology.gpu(g) for g in lease.gpus]
-        uuids = [g.uuid for g in gpus if g is not None and g.uuid]
-        visible = uuids if len(uuids) == len(gpus) else [str(g) for g in lease.gpus]
-        picks = lease.decision.get("gpus", [])
-        return {
+        placements = lease.decision.placements
+        uuids = [u for u in lease.gpu_uuids if u]
+        visible = uuids if len(uuids) == len(placements) else [str(p.index) for p in placements]
+        env = {
             "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
             "CUDA_VISIBLE_DEVICES": ",".join(visible),
             "TOPOD_LEASE": lease.id,
             "TOPOD_GPUS": ",".join(map(str, lease.gpus)),
             "TOPOD_CPUS": format_cpulist(lease.cpus),
             "TOPOD_MEMORY_NODES": ",".join(map(str, lease.memory_nodes)),
-            "TOPOD_GPU_CPUS": ";".join(f"{p['index']}:{format_cpulist(p['cpus'])}" for p in picks),
-            "TOPOD_GPU_NODES": ";".join(f"{p['index']}:{'' if p['numa_node'] is None else p['numa_node']}"
-                                        for p in picks),
+            "TOPOD_GPU_CPUS": ";".join(f"{p.index}:{format_cpulist(p.cpus)}" for p in placements),
+            "TOPOD_GPU_NODES": ";".join(f"{p.index}:{'' if p.numa_node is None else p.numa_node}"
+                                        for p in placements),
         }
+        if self.extra_environment is not None:
+            env.update(self.extra_environment(lease))
+        return env
 
-    async def allocate(self, body: Any, caller: Caller) -> Lease:
+    async def allocate(self, body: Any, caller: Caller, connected: Callable[[], bool] = _always_connected) -> Lease:
         if not caller.may_allocate:
             self._count("denied")
             raise PermissionDeniedError("only root and members of the topod group may allocate")
@@ -197,31 +213,58 @@ class AllocationService:
             self._count("invalid")
             raise InvalidRequestError("owner_pid", f"no process {service.owner_pid}")
         try:
-            return self.grant(request, self.decide(request, ttl_seconds=service.ttl_seconds), service, caller)
+            decision = self.decide(request, ttl_seconds=service.ttl_seconds)
         except AllocationError as exc:
             if service.wait_seconds <= 0 or exc.code not in WAITABLE_CODES or not getattr(exc, "retryable", True):
                 self._count("rejected")
                 raise
-        return await self._wait(request, service, caller)
+            return await self._wait(request, service, caller, connected)
+        lease, commit = self._grant(request, decision, service, caller)
+        return await self._deliver(lease, commit)
 
-    async def _wait(self, request, service: ServiceRequest, caller: Caller) -> Lease:
+    async def _deliver(self, lease: Lease, commit: asyncio.Future | None) -> Lease:
+        """Wait for the commit and the lease's files; a client gone meanwhile gets nothing,
+        and the lease it would have had ends at once."""
+        try:
+            if commit is not None:
+                await asyncio.shield(commit)
+            if self.prepare_files is not None:
+                await asyncio.to_thread(self.prepare_files, lease)
+        except asyncio.CancelledError:
+            self._take_back(lease)
+            raise
+        return self.store.get(lease.id) or lease
+
+    def _take_back(self, lease: Lease) -> None:
+        if self.store.get(lease.id) is not None:
+            self._end(self.store.get(lease.id), "lease_released", reason="client disconnected before the answer")
+
+    async def _wait(self, request, service: ServiceRequest, caller: Caller, connected: Callable[[], bool]) -> Lease:
         if len(self.waiters) >= int(self.settings.get("max_queue", 256)):
             self._count("queue_full")
             raise QueueFullError(f"{len(self.waiters)} requests already waiting; try again later")
-        waiter = Waiter(request, service, caller, self.clock(), asyncio.get_running_loop().create_future())
+        waiter = Waiter(request, service, caller, self.clock(), asyncio.get_running_loop().create_future(), connected)
         self.waiters.append(waiter)
-        self.bus.publish("request_queued", request=waiter.id, gpus=getattr(request, "gpus", None),
-                         priority=getattr(request, "priority", 0))
+        self.bus.publish("request_queued", request=waiter.id, gpus=request.gpus, priority=request.priority,
+                         wait=service.wait_seconds)
         self._maybe_preempt(waiter)
         try:
-            return await asyncio.wait_for(asyncio.shield(waiter.future), timeout=service.wait_seconds)
+            lease, commit = await asyncio.wait_for(asyncio.shield(waiter.future), timeout=service.wait_seconds)
         except TimeoutError:
             self._count("timeout")
             raise WaitTimeoutError(f"no GPUs became available within {service.wait_seconds:g} s") from None
+        except asyncio.CancelledError:
+            # The client hung up. A grant made for it in the meantime is taken back.
+            if waiter.future.done() and not waiter.future.cancelled():
+                self._take_back(waiter.future.result()[0])
+            self._count("abandoned")
+            self.bus.publish("request_abandoned", request=waiter.id, reason="client disconnected")
+            raise
         finally:
             if not waiter.future.done():
                 waiter.future.cancel()
             self._drop_waiter(waiter)
+        return await self._deliver(lease, commit)
 
     def _drop_waiter(self, waiter: Waiter) -> None:
         if waiter in self.waiters:
@@ -229,28 +272,30 @@ class AllocationService:
         for lease_id in waiter.victims:
             lease = self.store.get(lease_id)
             if lease is not None and lease.state == "preempting":
-                self.store.update(replace(lease, state="active", preempt_deadline=None))
+                self._update(replace(lease, state="active", preempt_deadline=None))
                 self.bus.publish("preemption_cancelled", lease=lease_id, request=waiter.id)
+        waiter.victims = ()
 
     def process_queue(self) -> None:
-        """Grant waiting requests that now fit, highest effective priority first."""
-        from topod.alloc.policy import effective_priority
-
+        """Grant waiting requests that now fit, highest effective priority first; only to
+        clients still connected."""
         now = self.clock()
         order = sorted(self.waiters, key=lambda w: -effective_priority(
-            getattr(w.request, "priority", 0), now - w.enqueued, self.settings.get("aging_seconds", 60.0),
-            self.settings.get("max_aging_boost", 10.0)))
+            w.request.priority, now - w.enqueued, self.policy.aging_seconds, self.policy.max_aging_boost))
         for waiter in order:
             if waiter.future.done():
+                continue
+            if not waiter.connected():
+                waiter.future.cancel()
                 continue
             try:
                 decision = self.decide(waiter.request, waited=now - waiter.enqueued,
                                        ttl_seconds=waiter.service.ttl_seconds)
             except AllocationError:
                 continue
-            lease = self.grant(waiter.request, decision, waiter.service, waiter.caller)
+            lease, commit = self._grant(waiter.request, decision, waiter.service, waiter.caller)
             waiter.victims = ()
-            waiter.future.set_result(lease)
+            waiter.future.set_result((lease, commit))
 
     def _maybe_preempt(self, waiter: Waiter) -> None:
         from topod.alloc.preemption import plan_preemption
@@ -261,52 +306,90 @@ class AllocationService:
             return
         deadline = self.clock() + float(self.settings.get("preemption_grace_seconds", 300.0))
         for lease in victims:
-            self.store.update(replace(lease, state="preempting", preempt_deadline=deadline))
+            self._update(replace(lease, state="preempting", preempt_deadline=deadline))
             self.bus.publish("preemption_requested", lease=lease.id, deadline=deadline, request=waiter.id,
                              gpus=list(lease.gpus), uid=lease.owner_uid)
         waiter.victims = tuple(lease.id for lease in victims)
 
-    # -- ending leases --------------------------------------------------------
+    # -- ending and changing leases ------------------------------------------------
     def get(self, lease_id: str) -> Lease:
         lease = self.store.get(lease_id)
         if lease is None:
             raise LeaseNotFoundError(f"no lease {lease_id}")
         return lease
 
-    def release(self, lease_id: str, caller: Caller) -> Lease:
+    async def release(self, lease_id: str, caller: Caller) -> Lease:
         lease = self.get(lease_id)
         if not (caller.is_admin or caller.uid == lease.owner_uid):
             raise PermissionDeniedError(f"lease {lease_id} belongs to uid {lease.owner_uid}")
-        return self._end(lease, "lease_released", reason="released")
+        return await self._committed(self._end(lease, "lease_released", reason="released"))
 
-    def revoke(self, lease_id: str, caller: Caller, reason: str = "revoked by admin") -> Lease:
+    async def revoke(self, lease_id: str, caller: Caller, reason: str = "revoked by admin") -> Lease:
         if not caller.is_admin:
             raise PermissionDeniedError("revoking a lease is root-only")
-        return self._end(self.get(lease_id), "lease_revoked", reason=reason)
+        return await self._committed(self._end(self.get(lease_id), "lease_revoked", reason=reason))
 
-    def renew(self, lease_id: str, caller: Caller, ttl_seconds: Any) -> Lease:
+    async def renew(self, lease_id: str, caller: Caller, ttl_seconds: float | None) -> Lease:
+        """ttl_seconds: validated by the API (finite, > 0, within the cap); None renews with
+        the lease's own ttl."""
         lease = self.get(lease_id)
         if not (caller.is_admin or caller.uid == lease.owner_uid):
             raise PermissionDeniedError(f"lease {lease_id} belongs to uid {lease.owner_uid}")
         ttl = lease.ttl_seconds if ttl_seconds is None else ttl_seconds
         if ttl is None:
             raise InvalidRequestError("ttl_seconds", "this lease has no ttl; give one to renew")
-        if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or ttl <= 0:
-            raise InvalidRequestError("ttl_seconds", "expected a positive number of seconds")
-        ttl = min(float(ttl), float(self.settings.get("renew_max_ttl_seconds", 7 * 86400)))
+        ttl = min(float(ttl), self.limits.max_ttl_seconds)
         renewed = replace(lease, expires=self.clock() + ttl, ttl_seconds=ttl)
-        self.store.update(renewed)
+        commit = self._update(renewed)
+        if commit is not None:
+            await asyncio.shield(commit)
         self.bus.publish("lease_renewed", lease=lease_id, expires=renewed.expires)
-        return renewed
+        return self.store.get(lease_id) or renewed
 
-    def _end(self, lease: Lease, event: str, reason: str) -> Lease:
-        self.store.remove(lease.id)
-        self.owner_watch.unwatch(lease.id)
-        if self.on_lease_end is not None:
-            self.on_lease_end(lease)
-        self.bus.publish(event, lease=lease.id, gpus=list(lease.gpus), reason=reason, uid=lease.owner_uid)
-        self.process_queue()
+    async def _committed(self, ended: tuple[Lease, asyncio.Future | None]) -> Lease:
+        lease, commit = ended
+        if commit is not None:
+            await asyncio.shield(commit)
         return lease
+
+    def _update(self, lease: Lease) -> asyncio.Future | None:
+        commit = self.store.update(lease)
+        self._after(commit, None, lambda exc: log.error("lease_not_stored", lease=lease.id, error=str(exc)))
+        return commit
+
+    def _end(self, lease: Lease, event: str, reason: str) -> tuple[Lease, asyncio.Future | None]:
+        removed = self.store.remove(lease.id)
+        if removed is None:
+            return lease, None
+        lease, commit = removed
+        self.owner_watch.unwatch(lease.id)
+
+        def ended() -> None:
+            if self.on_lease_end is not None:
+                self.on_lease_end(lease)
+            self.bus.publish(event, lease=lease.id, gpus=list(lease.gpus), reason=reason, uid=lease.owner_uid)
+
+        self._after(commit, ended, lambda exc: log.error("lease_end_not_stored", lease=lease.id, error=str(exc)))
+        self.process_queue()
+        return lease, commit
+
+    def _after(self, commit: asyncio.Future | None, ok: Callable[[], None] | None,
+               failed: Callable[[BaseException], None]) -> None:
+        if commit is None:
+            if ok is not None:
+                ok()
+            return
+
+        def done(future: asyncio.Future) -> None:
+            if future.cancelled():
+                return
+            exc = future.exception()
+            if exc is not None:
+                failed(exc)
+            elif ok is not None:
+                ok()
+
+        commit.add_done_callback(done)
 
     def _owner_exited(self, lease_id: str) -> None:
         lease = self.store.get(lease_id)
@@ -314,16 +397,21 @@ class AllocationService:
             self._end(lease, "lease_released", reason=f"owner process {lease.owner_pid} exited")
 
     def reap(self) -> list[Lease]:
-        """End expired leases, leases whose owner died, and preemptions past their deadline."""
+        """End expired leases, leases whose owner died, and preemptions past their deadline;
+        drop waiters whose client is gone."""
         now = self.clock()
         ended = []
         for lease in self.store.all():
             if lease.expires is not None and lease.expires <= now:
-                ended.append(self._end(lease, "lease_released", reason="ttl expired"))
+                ended.append(self._end(lease, "lease_released", reason="ttl expired")[0])
             elif lease.owner_pid and not _owner_alive(lease):
-                ended.append(self._end(lease, "lease_released", reason=f"owner process {lease.owner_pid} exited"))
+                ended.append(self._end(lease, "lease_released",
+                                       reason=f"owner process {lease.owner_pid} exited")[0])
             elif lease.state == "preempting" and lease.preempt_deadline is not None and lease.preempt_deadline <= now:
-                ended.append(self._end(lease, "lease_revoked", reason="preemption grace period over"))
+                ended.append(self._end(lease, "lease_revoked", reason="preemption grace period over")[0])
+        for waiter in list(self.waiters):
+            if not waiter.future.done() and not waiter.connected():
+                waiter.future.cancel()
         return ended
 
     def recover(self) -> int:
@@ -332,25 +420,50 @@ class AllocationService:
         for lease in self.store.all():
             if lease.owner_pid:
                 self.owner_watch.watch(lease.id, lease.owner_pid)
+        self._check_devices()
         return len(ended)
+
+    # -- hardware changes -----------------------------------------------------------
+    def _state_changed(self, kind: str) -> None:
+        if kind == "hardware":
+            self._check_devices()
+        self.process_queue()
+
+    def _check_devices(self) -> None:
+        """A lease whose GPU vanished (hot-unplug, unbind, another host under the same
+        state dir) turns degraded, visibly; it turns active again when the GPU returns."""
+        present = {gpu.index: gpu.address for gpu in self.topology.gpus}
+        for lease in self.store.all():
+            missing = tuple(p.index for p in lease.decision.placements if present.get(p.index) != p.address)
+            if missing == lease.missing_gpus:
+                continue
+            if missing:
+                state = "degraded" if lease.state == "active" else lease.state
+                self._update(replace(lease, state=state, missing_gpus=missing))
+                self.bus.publish("lease_degraded", lease=lease.id, missing_gpus=list(missing),
+                                 addresses=[p.address for p in lease.decision.placements if p.index in missing])
+            else:
+                state = "active" if lease.state == "degraded" else lease.state
+                self._update(replace(lease, state=state, missing_gpus=()))
+                self.bus.publish("lease_restored", lease=lease.id, gpus=list(lease.gpus))
 
     def _count(self, result: str) -> None:
         self.results[result] = self.results.get(result, 0) + 1
 
 
 def _process_exists(pid: int) -> bool:
-    try:
-        import psutil
+    import psutil
 
+    try:
         return psutil.pid_exists(pid)
-    except ImportError:  # pragma: no cover - psutil is a dependency
-        return True
+    except (OverflowError, ValueError):
+        return False
 
 
 def _owner_alive(lease: Lease) -> bool:
     if not _process_exists(lease.owner_pid):
         return False
-    recorded = lease.decision.get("owner_start_time")
+    recorded = lease.owner_start_time
     current = process_start_time(lease.owner_pid)
     # A recycled pid has another start time: the owner is gone.
     return recorded is None or current is None or abs(recorded - current) < 1.0

@@ -11,7 +11,8 @@ from topod.errors import TopodError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="topod", description="topology daemon for GPU servers")
+    # allow_abbrev=False: a mistyped --sock must not start a daemon with the default socket.
+    parser = argparse.ArgumentParser(prog="topod", description="topology daemon for GPU servers", allow_abbrev=False)
     parser.add_argument("--version", action="version", version=f"topod {__version__}")
     parser.add_argument("--root", default=None, help="host root (default / or [daemon] root)")
     parser.add_argument("--config", default=None, help="TOML config file (default: built-in defaults)")
@@ -45,15 +46,27 @@ def main(argv: list[str] | None = None) -> int:
 
         daemon = Daemon(config, config_path=args.config)
         asyncio.run(daemon.run())
-    except TopodError as exc:
-        print(f"topod: {exc}", file=sys.stderr)
-        return 1
-    except (OSError, ValueError) as exc:
-        print(f"topod: {exc}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         return 130
+    except BaseException as exc:  # noqa: BLE001 - one clear line, never a traceback
+        if isinstance(exc, SystemExit):
+            raise
+        return _fatal(exc)
     return 0
+
+
+def _fatal(exc: BaseException) -> int:
+    """A start-up or fatal error as one line. TaskGroup failures arrive wrapped in an
+    ExceptionGroup: the first leaf is the cause."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    if isinstance(exc, KeyboardInterrupt):
+        return 130
+    if isinstance(exc, (TopodError, OSError, ValueError)):
+        print(f"topod: {exc}", file=sys.stderr)
+    else:
+        print(f"topod: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

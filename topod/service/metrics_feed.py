@@ -12,8 +12,8 @@ def metrics_snapshot(daemon) -> dict:
     snapshot = {
         "build": {"version": __version__},
         "gpus_by_state": {"free": total - len(leased), "leased": len(leased)},
-        "leases": [{"id": lease.id, "gpus": len(lease.gpus),
-                    "satisfaction": float(lease.decision.get("satisfaction", 1.0))} for lease in alloc.leases()],
+        "leases": [{"id": lease.id, "gpus": len(lease.gpus), "satisfaction": lease.decision.satisfaction}
+                   for lease in alloc.leases()],
         "decision_latency": alloc.decision_latency.to_snapshot(),
         "requests_by_result": dict(alloc.results),
     }

@@ -1,13 +1,30 @@
-"""The API's listening socket: taken from systemd (LISTEN_FDS) or bound here."""
+"""The API's listening socket: taken from systemd (LISTEN_FDS) or bound here, and the
+limits that keep a flood of clients from taking the daemon down:
+
+- at most `[api] max_connections` connections at once (and never more than the
+  descriptor limit minus a reserve); one more gets a 503 `too_many_connections` and is
+  closed at once;
+- a connection that completes no request within `[api] idle_timeout_seconds` (silent,
+  half-sent headers, idle keep-alive) is closed;
+- accept() failing for want of descriptors (EMFILE/ENFILE/ENOBUFS/ENOMEM) is logged once
+  per burst with a count, never a traceback per attempt; asyncio retries the accept;
+- a request handler is cancelled when its client disconnects (handler_cancellation).
+"""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
+import resource
 import socket
+import time
 from pathlib import Path
+from typing import Any
 
 import structlog
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
 
 from topod.api.server import routes
 from topod.config import Config, parse_listen_address
@@ -68,17 +85,188 @@ def take_listening_socket(config: Config) -> tuple[socket.socket, str]:
     return sock, path
 
 
+# Descriptors kept free for everything but API connections: the lease database, /proc
+# and /sys reads, pidfds of lease owners, netlink, the journal, metrics, NVML.
+RESERVED_DESCRIPTORS = 64
+ACCEPT_RESOURCE_MESSAGE = "socket.accept() out of system resource"
+
+
+def descriptor_limit() -> int | None:
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def connection_ceiling(configured: int, nofile: int | None) -> int:
+    """[api] max_connections, lowered to fit under the descriptor limit."""
+    if nofile is None:
+        return max(1, configured)
+    return max(1, min(configured, nofile - RESERVED_DESCRIPTORS))
+
+
+def refusal(code: str, message: str, status: str = "503 Service Unavailable") -> bytes:
+    body = json.dumps({"code": code, "message": message}).encode()
+    return (f"HTTP/1.1 {status}\r\nContent-Type: application/json; charset=utf-8\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\nRetry-After: 1\r\n\r\n").encode() + body
+
+
+class ConnectionGate:
+    """Counts open API connections; refuses beyond the ceiling; rate-limits accept errors."""
+
+    def __init__(self, limit: Any, nofile: int | None = None, clock=time.monotonic) -> None:
+        # limit: an int, or a callable giving the configured maximum (follows a reload)
+        self._limit = limit
+        self.nofile = nofile
+        self.clock = clock
+        self.active = 0
+        self.refused = 0
+        self.accept_failures = 0  # since start
+        self._burst = 0  # failures in the current burst (0: none in progress)
+        self._burst_started = 0.0
+        self._last_refusal_log = -1e9
+
+    @property
+    def ceiling(self) -> int:
+        configured = self._limit() if callable(self._limit) else self._limit
+        return connection_ceiling(int(configured), self.nofile)
+
+    def admit(self) -> bool:
+        self.accepted()
+        if self.active >= self.ceiling:
+            self.refused += 1
+            now = self.clock()
+            if now - self._last_refusal_log >= 10.0:  # one line per 10 s under a flood
+                self._last_refusal_log = now
+                log.warning("connection_refused", reason="too_many_connections", active=self.active,
+                            max_connections=self.ceiling, refused_total=self.refused)
+            return False
+        self.active += 1
+        return True
+
+    def leave(self) -> None:
+        self.active = max(0, self.active - 1)
+
+    def accepted(self) -> None:
+        """An accept() succeeded: a burst of failures, if any, is over."""
+        if self._burst:
+            log.info("accept_recovered", failures=self._burst, seconds=round(self.clock() - self._burst_started, 3),
+                     accept_failures_total=self.accept_failures, active=self.active)
+            self._burst = 0
+
+    def accept_failed(self, exc: BaseException | None) -> None:
+        self.accept_failures += 1
+        if not self._burst:
+            self._burst_started = self.clock()
+            log.warning("accept_failed", error=_errno_name(exc), active=self.active,
+                        max_connections=self.ceiling, descriptor_limit=self.nofile,
+                        note="retrying every second; logged once per burst")
+        self._burst += 1
+
+    def exception_handler(self, previous):
+        """A loop exception handler: accept() resource errors are counted here, the rest
+        go to `previous` (or asyncio's default)."""
+
+        def handle(loop: asyncio.AbstractEventLoop, context: dict) -> None:
+            if context.get("message") == ACCEPT_RESOURCE_MESSAGE:
+                self.accept_failed(context.get("exception"))
+                return
+            if previous is not None:
+                previous(loop, context)
+            else:
+                loop.default_exception_handler(context)
+
+        return handle
+
+
+def _errno_name(exc: BaseException | None) -> str:
+    import errno
+
+    number = getattr(exc, "errno", None)
+    return errno.errorcode.get(number, str(exc)) if number is not None else str(exc)
+
+
+REFUSAL = refusal("too_many_connections", "the daemon serves its maximum of concurrent connections "
+                                          "([api] max_connections); retry shortly")
+
+
+class GatedRequestHandler(RequestHandler):
+    """aiohttp's connection protocol, counted by a ConnectionGate: one over the limit
+    gets a 503 and is closed before any of its bytes are parsed."""
+
+    __slots__ = ("_gate", "_admitted")
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._admitted = self._gate.admit()
+        if not self._admitted:
+            transport.write(REFUSAL)  # type: ignore[attr-defined]
+            transport.close()
+            return
+        super().connection_made(transport)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if not self._admitted:
+            return
+        self._admitted = False
+        self._gate.leave()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._admitted:
+            super().data_received(data)
+
+    def eof_received(self) -> None:
+        if self._admitted:
+            super().eof_received()
+
+
+class GatedSockSite(web.SockSite):
+    """SockSite whose connections go through a ConnectionGate."""
+
+    def __init__(self, runner: web.AppRunner, sock: socket.socket, gate: ConnectionGate,
+                 handler_kwargs: dict[str, Any], backlog: int = 512) -> None:
+        super().__init__(runner, sock, backlog=backlog)
+        self.gate = gate
+        self.handler_kwargs = handler_kwargs
+
+    def _protocol(self) -> GatedRequestHandler:
+        handler = GatedRequestHandler(self._runner.server, loop=asyncio.get_running_loop(), **self.handler_kwargs)
+        handler._gate = self.gate
+        handler._admitted = False
+        return handler
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(self._protocol, sock=self._sock, backlog=self._backlog)
+
+
 async def serve(daemon, config: Config, listen: socket.socket | None = None) -> web.AppRunner:
     if listen is None:
         listen, where = take_listening_socket(config)
     else:
         where = "pre-bound socket"
     app = routes(daemon)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=2.0)
+    idle = float(config.get("api", "idle_timeout_seconds"))
+    # keepalive_timeout: aiohttp arms it when a connection opens and after each response,
+    # and closes the connection if no complete request has arrived when it fires.
+    handler_kwargs: dict[str, Any] = {"access_log": None, "keepalive_timeout": idle}
+
+    def configured() -> int:
+        current = getattr(daemon, "config", None) or config
+        return int(current.get("api", "max_connections"))
+
+    gate = ConnectionGate(configured, descriptor_limit())
+    app["connection_gate"] = gate  # metrics and tests read it
+    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=2.0, handler_cancellation=True,
+                           **handler_kwargs)
     await runner.setup()
-    site = web.SockSite(runner, listen)
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(gate.exception_handler(loop.get_exception_handler()))
+    site = GatedSockSite(runner, listen, gate, handler_kwargs)
     await site.start()
-    log.info("api_listening", where=where)
+    if gate.ceiling < configured():
+        log.warning("max_connections_lowered", configured=configured(), max_connections=gate.ceiling,
+                    descriptor_limit=gate.nofile, reason=f"{RESERVED_DESCRIPTORS} descriptors stay reserved")
+    log.info("api_listening", where=where, max_connections=gate.ceiling, idle_timeout_seconds=idle)
     return runner
 
 

@@ -25,23 +25,74 @@ class LoopState:
     last_beat: float  # monotonic seconds
 
 
+@dataclass(frozen=True, slots=True)
+class LoopFailure:
+    failures: int  # iterations that raised since start
+    streak: int  # of them in a row, up to now (0: the last iteration succeeded)
+    last_error: str
+    last_failed: float  # monotonic seconds
+
+
 class Supervisor:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self._loops: dict[str, LoopState] = {}
+        self._failures: dict[str, LoopFailure] = {}
+        self._tokens: dict[str, int] = {}
 
-    def register(self, name: str, deadline: float, now: float | None = None) -> None:
+    def register(self, name: str, deadline: float, now: float | None = None) -> int:
         """Start watching `name`; it counts as having just beaten. Registering again
-        (a restarted loop) replaces the deadline and restarts the clock."""
+        (a restarted loop) replaces the deadline and restarts the clock. Returns a token
+        for unregister, so a replaced loop's exit cannot unregister its successor."""
         if not name:
             raise ValueError("a watched loop needs a name")
         if not deadline > 0:  # also rejects NaN
             raise ValueError(f"watchdog deadline for loop {name!r} must be > 0 seconds, got {deadline!r}")
         self._loops[name] = LoopState(name, float(deadline), self._now(now))
+        self._failures.pop(name, None)
+        self._tokens[name] = token = self._tokens.get(name, 0) + 1
+        return token
 
-    def unregister(self, name: str) -> None:
-        """A loop that ends on purpose stops being watched (unknown names are ignored)."""
+    def unregister(self, name: str, token: int | None = None) -> None:
+        """A loop that ends on purpose stops being watched (unknown names are ignored);
+        with a token, only if no newer registration replaced it."""
+        if token is not None and self._tokens.get(name) != token:
+            return
         self._loops.pop(name, None)
+        self._failures.pop(name, None)
+
+    def fail(self, name: str, error: str, now: float | None = None) -> bool:
+        """An iteration of `name` raised. True when this starts a failure streak or the
+        error differs from the last one: what deserves a log line (not every retry)."""
+        previous = self._failures.get(name)
+        streak = previous.streak + 1 if previous is not None else 1
+        self._failures[name] = LoopFailure(
+            failures=(previous.failures if previous else 0) + 1, streak=streak, last_error=error,
+            last_failed=self._now(now))
+        return streak == 1 or previous is None or previous.last_error != error
+
+    def succeed(self, name: str) -> bool:
+        """An iteration of `name` completed; True when it ends a failure streak."""
+        previous = self._failures.get(name)
+        if previous is None or previous.streak == 0:
+            return False
+        self._failures[name] = LoopFailure(previous.failures, 0, previous.last_error, previous.last_failed)
+        return True
+
+    def streak(self, name: str) -> int:
+        """Failed iterations of `name` in a row, up to now."""
+        failure = self._failures.get(name)
+        return failure.streak if failure else 0
+
+    def failing(self) -> dict[str, str]:
+        """{loop: last error} for loops whose last iteration raised."""
+        return {name: f.last_error for name, f in sorted(self._failures.items()) if f.streak > 0}
+
+    def degraded_text(self) -> str | None:
+        failing = self.failing()
+        if not failing:
+            return None
+        return "degraded: " + "; ".join(f"{name} failing ({error})" for name, error in failing.items())
 
     def beat(self, name: str, now: float | None = None) -> None:
         state = self._loops.get(name)
@@ -60,14 +111,19 @@ class Supervisor:
     def report(self, now: float | None = None) -> dict[str, dict[str, object]]:
         """JSON-ready per-loop view for /v1/health."""
         at = self._now(now)
-        return {
-            s.name: {
+        out: dict[str, dict[str, object]] = {}
+        for s in sorted(self._loops.values(), key=lambda s: s.name):
+            failure = self._failures.get(s.name)
+            out[s.name] = {
                 "deadline_seconds": s.deadline,
                 "seconds_since_beat": round(max(at - s.last_beat, 0.0), 3),
-                "healthy": at - s.last_beat <= s.deadline,
+                "healthy": at - s.last_beat <= s.deadline and (failure is None or failure.streak == 0),
+                "stalled": at - s.last_beat > s.deadline,
+                "failures": failure.failures if failure else 0,
+                "failing": bool(failure and failure.streak),
+                "last_error": failure.last_error if failure else None,
             }
-            for s in sorted(self._loops.values(), key=lambda s: s.name)
-        }
+        return out
 
     def stalled_text(self, now: float | None = None) -> str | None:
         """'stalled: irq (deadline 60s), probe (deadline 240s)', or None when healthy.

@@ -1,0 +1,228 @@
+"""The daemon as users start it (its own defaults plus only --root, --socket,
+--state-dir on a fixture tree), driven through failures, with invariants checked after
+every step: no unhandled exception in the log, no lease lost, no GPU in two leases,
+health answers, the watchdog keeps pinging."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from topod.client import Client
+
+WATCHDOG_USEC = 1_000_000  # pings every 0.5 s
+
+
+class NotifyListener:
+    """A stand-in for systemd's notify socket: collects the daemon's datagrams."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.path)
+        self.sock.settimeout(0.2)
+        self.messages: list[tuple[float, str]] = []
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop:
+            try:
+                data = self.sock.recv(65536)
+            except (TimeoutError, OSError):
+                continue
+            self.messages.append((time.monotonic(), data.decode("utf-8", "replace")))
+
+    def pings_since(self, since: float) -> int:
+        return sum(1 for at, text in self.messages if at >= since and "WATCHDOG=1" in text.split("\n"))
+
+    def statuses(self) -> list[str]:
+        return [line[len("STATUS="):] for _, text in self.messages for line in text.split("\n")
+                if line.startswith("STATUS=")]
+
+    def close(self) -> None:
+        self._stop = True
+        self._thread.join(timeout=2)
+        self.sock.close()
+
+
+def _wait_until(predicate, timeout: float = 10.0, step: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(step)
+    return predicate()
+
+
+class Scenario:
+    def __init__(self, daemon_factory, tmp_path: Path, host: str = "h800-8gpu", config: str | None = None) -> None:
+        self.notify = NotifyListener(tmp_path / "notify.sock")
+        self.daemon = daemon_factory(host, config=config, env={"NOTIFY_SOCKET": self.notify.path,
+                                                              "WATCHDOG_USEC": str(WATCHDOG_USEC)})
+        self.client = self.daemon.start()
+        self.granted: dict[str, list[int]] = {}
+
+    def allocate(self, gpus: int, **fields) -> dict:
+        lease = self.client.allocate(gpus, **fields)
+        self.granted[lease["id"]] = lease["gpus"]
+        return lease
+
+    def release(self, lease_id: str) -> None:
+        self.client.release(lease_id)
+        self.granted.pop(lease_id, None)
+
+    def check(self, *, expect_degraded: bool = False) -> dict:
+        health = self.client.health()
+        assert health["gpus_free"] >= 0 and health["gpus_free"] <= health["gpus"]
+        leases = self.client.leases()
+        by_id = {lease["id"]: lease for lease in leases}
+        assert set(self.granted) <= set(by_id), f"lease lost: {set(self.granted) - set(by_id)}"
+        held = [gpu for lease in leases for gpu in lease["gpus"]]
+        assert len(held) == len(set(held)), f"a GPU in two leases: {held}"
+        log = self.daemon.log()
+        assert "Traceback (most recent call last)" not in log, log[-3000:]
+        assert "Task exception was never retrieved" not in log
+        since = time.monotonic()
+        assert _wait_until(lambda: self.notify.pings_since(since) >= 1, timeout=5), "the watchdog stopped pinging"
+        if not expect_degraded:
+            assert health["status"] == "ok", health
+        return health
+
+    def close(self) -> None:
+        self.daemon.stop()
+        self.notify.close()
+
+
+@pytest.fixture()
+def scenario(daemon_factory, tmp_path):
+    made: list[Scenario] = []
+
+    def make(**options) -> Scenario:
+        made.append(Scenario(daemon_factory, tmp_path, **options))
+        return made[-1]
+
+    yield make
+    for item in made:
+        item.close()
+
+
+def test_started_with_defaults_the_daemon_is_ready_balances_irqs_and_reports_probes_off(scenario):
+    s = scenario()
+    assert any("READY=1" in text for _, text in s.notify.messages)
+    health = s.check()
+    assert set(health["loops"]) >= {"reaper", "rescan", "irq", "probe", "api", "load", "exports"}
+    assert health["hotplug"]["active"] is False, "a captured tree has no udev"
+    links = s.client.request("GET", "/v1/links")
+    assert links["enabled"] is False and "captured tree" in links["reason"]
+    assert _wait_until(lambda: s.client.request("GET", "/v1/irqs").get("cycles", 0) >= 1 or
+                       s.client.health()["irq"].get("cycles", 0) >= 1)
+
+
+def test_a_failing_rescan_is_survived_reported_once_and_recovers(scenario):
+    s = scenario()
+    lease = s.allocate(2)
+    cpu_dir = s.daemon.root / "sys/devices/system/cpu"
+    moved = s.daemon.root / "cpu-moved-away"
+    shutil.move(cpu_dir, moved)
+    for _ in range(3):  # a reload also rediscovers
+        s.daemon.process.send_signal(signal.SIGHUP)
+        time.sleep(0.4)
+    health = _wait_until(lambda: (h := s.client.health())["loops"]["rescan"]["failures"] >= 2 and h, timeout=15)
+    assert health["status"] == "degraded" and health["loops"]["rescan"]["failing"]
+    assert any("rescan" in reason for reason in health["degraded"])
+    assert s.daemon.process.poll() is None
+    failures = [json.loads(line) for line in s.daemon.log().splitlines() if '"loop_failed"' in line]
+    assert len(failures) == 1, "a failing loop is logged once per streak, not per retry"
+    s.check(expect_degraded=True)
+    assert any("rescan failing" in status for status in s.notify.statuses())
+    assert s.client.lease(lease["id"])["gpus"] == lease["gpus"]
+
+    shutil.move(moved, cpu_dir)
+    s.daemon.process.send_signal(signal.SIGHUP)
+    assert _wait_until(lambda: s.client.health()["status"] == "ok", timeout=15), s.client.health()
+    s.check()
+
+
+def test_a_waiter_that_hangs_up_is_never_granted(scenario):
+    s = scenario()
+    holder = s.allocate(8, level="any")
+    raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    raw.connect(s.daemon.socket)
+    body = json.dumps({"gpus": 4, "wait": 60}).encode()
+    raw.sendall(b"POST /v1/leases HTTP/1.1\r\nHost: topod\r\nContent-Type: application/json\r\n"
+                b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    assert _wait_until(lambda: s.client.health()["waiting"] == 1)
+    raw.close()
+    assert _wait_until(lambda: s.client.health()["waiting"] == 0), "the waiter goes with its connection"
+    s.release(holder["id"])
+    time.sleep(0.5)
+    assert s.client.leases() == [], "nothing is granted to a client that left"
+    assert "request_abandoned" in s.daemon.log()
+    s.check()
+
+
+def test_sighup_switches_the_irq_loop_and_probes_off_and_on(scenario):
+    s = scenario(config="")
+    s.daemon.config_path.write_text('[irq]\nmode = "off"\n[probe]\nenabled = false\n')
+    s.daemon.process.send_signal(signal.SIGHUP)
+    assert _wait_until(lambda: "irq" not in s.client.health()["loops"] and "probe" not in s.client.health()["loops"])
+    assert s.client.request("GET", "/v1/irqs")["mode"] == "off"
+    lease = s.allocate(1)
+    s.check()
+    s.daemon.config_path.write_text('[irq]\nmode = "dry-run"\ninterval_seconds = 1.0\n')
+    s.daemon.process.send_signal(signal.SIGHUP)
+    assert _wait_until(lambda: {"irq", "probe"} <= set(s.client.health()["loops"]))
+    assert _wait_until(lambda: s.client.health()["irq"].get("cycles", 0) >= 2, timeout=10), "interval applies"
+    assert s.client.request("GET", "/v1/irqs")["mode"] == "dry-run"
+    assert [l["id"] for l in s.client.leases()] == [lease["id"]]
+    s.check()
+
+
+def test_kill_9_and_restart_keeps_every_acknowledged_lease(scenario):
+    s = scenario()
+    leases = [s.allocate(2) for _ in range(3)]
+    s.daemon.stop(signal.SIGKILL)
+    s.client = s.daemon.start()
+    s.check()
+    assert sorted(l["id"] for l in s.client.leases()) == sorted(l["id"] for l in leases)
+    fourth = s.allocate(2)
+    assert set(fourth["gpus"]).isdisjoint(g for lease in leases for g in lease["gpus"])
+    s.check()
+
+
+def test_leases_whose_gpus_vanish_turn_degraded_and_counts_stay_sane(daemon_factory, host_tree, tmp_path):
+    first = daemon_factory("h800-8gpu", config=None)
+    client = first.start()
+    kept = client.allocate(4)
+    first.stop()
+    # the same state dir under another host: the leased GPUs are not there
+    second = daemon_factory(config=None, root=host_tree("pcie-8gpu"))
+    second.state = first.state
+    client = second.start()
+    health = client.health()
+    assert 0 <= health["gpus_free"] <= health["gpus"]
+    lease = client.lease(kept["id"])
+    assert lease["state"] == "degraded" and sorted(lease["missing_gpus"]) == sorted(kept["gpus"])
+    assert health["status"] == "degraded" and any(kept["id"] in reason for reason in health["degraded"])
+    assert "lease_degraded" in second.log()
+    assert client.allocate(8)["gpus"] == list(range(8)), "GPUs of another host are free for the taking"
+
+
+def test_on_the_live_root_the_hotplug_source_is_udev(daemon_factory, tmp_path):
+    # Read-only on this machine: IRQ balancing off, no probes.
+    daemon = daemon_factory(config='[irq]\nmode = "off"\n[probe]\nenabled = false\n', root=Path("/"))
+    client = daemon.start(timeout=30)
+    hotplug = _wait_until(lambda: (h := client.health()["hotplug"])["mode"] != "starting" and h)
+    assert hotplug["active"] is True and hotplug["mode"].startswith("udev: watching"), hotplug
+    assert client.request("GET", "/v1/irqs")["mode"] == "off"

@@ -1,0 +1,165 @@
+"""The lease store: group commit, the mirror, conflicts, failures undone, schema upgrade,
+private files."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sqlite3
+import stat
+
+import pytest
+
+from topod.alloc.request import Decision, Performance, Placement
+from topod.service.lease_store import Lease, LeaseConflictError, LeaseStore, LeaseStoreError
+
+
+def make_lease(lease_id: str, gpus: tuple[int, ...], *, cpus_per_gpu: int = 2) -> Lease:
+    placements = tuple(Placement(index=g, address=f"0000:{0x10 + g:02x}:00.0", numa_node=g // 4,
+                                 cpus=tuple(range(g * cpus_per_gpu, (g + 1) * cpus_per_gpu)), cpu_node=g // 4)
+                       for g in gpus)
+    decision = Decision(gpus=gpus, placements=placements, cpus={p.index: p.cpus for p in placements},
+                        memory_nodes=tuple(sorted({g // 4 for g in gpus})), numa_nodes=tuple(sorted({g // 4 for g in gpus})),
+                        cost=1.5, best_cost=1.5, level="best", requested_level="good", satisfaction=1.0,
+                        performance=Performance(1.0, "NV18", 450.0, {"best": 1.0}), exact=True, cpu_fallback=False)
+    return Lease(id=lease_id, state="active", owner_uid=1000, owner_gid=1000, requester_pid=42, owner_pid=None,
+                 owner_start_time=None, job="train", priority=0, preemptible=False, decision=decision,
+                 gpu_uuids=tuple(f"GPU-{g}" for g in gpus), environment={"TOPOD_LEASE": lease_id},
+                 created=1000.0, expires=None, ttl_seconds=None)
+
+
+def test_concurrent_changes_share_one_commit_and_each_waits_for_it(tmp_path):
+    store = LeaseStore(tmp_path)
+
+    async def scenario():
+        commits = [store.add(make_lease(f"l{g}", (g,))) for g in range(8)]
+        assert all(not c.done() for c in commits), "a change is not acknowledged before its commit"
+        await asyncio.gather(*commits)
+
+    asyncio.run(scenario())
+    assert store.changes == 8 and store.commits < 8, (store.commits, store.changes)
+    store.close()
+    reopened = LeaseStore(tmp_path)
+    assert sorted(lease.id for lease in reopened.all()) == [f"l{g}" for g in range(8)]
+    reopened.close()
+
+
+def test_a_gpu_in_two_leases_is_refused_before_it_is_queued(tmp_path):
+    store = LeaseStore(tmp_path)
+    store.add(make_lease("a", (0, 1)))
+    with pytest.raises(LeaseConflictError):
+        store.add(make_lease("b", (1, 2)))
+    assert [lease.id for lease in store.all()] == ["a"]
+    assert store.holder_of("0000:11:00.0") == "a" and store.holder_of("0000:12:00.0") is None
+    store.close()
+
+
+def test_the_database_refuses_a_double_grant_the_mirror_missed(tmp_path):
+    store = LeaseStore(tmp_path)
+    store.add(make_lease("a", (0,)))
+    db = sqlite3.connect(store.path)
+    with pytest.raises(sqlite3.IntegrityError):
+        db.execute("INSERT INTO lease_devices VALUES ('0000:10:00.0', 'b')")
+    db.close()
+    store.close()
+
+
+def test_a_failed_commit_is_undone_in_the_mirror_and_reported(tmp_path):
+    store = LeaseStore(tmp_path)
+
+    async def scenario():
+        store.add(make_lease("a", (0,)))
+        # Another writer sneaks the same GPU in on disk: the grant's commit fails.
+        db = sqlite3.connect(store.path)
+        db.execute("INSERT INTO leases VALUES ('ghost', '{}')")
+        db.execute("INSERT INTO lease_devices VALUES ('0000:11:00.0', 'ghost')")
+        db.commit()
+        db.close()
+        commit = store.add(make_lease("b", (1,)))
+        assert store.get("b") is not None, "the mirror shows the change at once"
+        with pytest.raises(LeaseConflictError):
+            await commit
+        assert store.get("b") is None and store.holder_of("0000:11:00.0") is None, "undone"
+
+    asyncio.run(scenario())
+    store.close()
+
+
+def test_remove_and_update_are_durable(tmp_path):
+    store = LeaseStore(tmp_path)
+
+    async def scenario():
+        await store.add(make_lease("a", (0,)))
+        await store.add(make_lease("b", (1,)))
+        _, commit = store.remove("a")
+        await commit
+        from dataclasses import replace
+
+        await store.update(replace(store.get("b"), state="preempting", preempt_deadline=5.0))
+
+    asyncio.run(scenario())
+    store.close()
+    reopened = LeaseStore(tmp_path)
+    assert [(l.id, l.state, l.preempt_deadline) for l in reopened.all()] == [("b", "preempting", 5.0)]
+    assert reopened.get("b").decision.performance.weakest_pair == "NV18"
+    reopened.close()
+
+
+def test_state_files_are_private_whatever_the_umask(tmp_path):
+    old = os.umask(0o022)
+    try:
+        store = LeaseStore(tmp_path / "state")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(tmp_path / "state").st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(store.path).st_mode) == 0o600
+    store.close()
+
+
+def test_a_database_written_by_topod_0_1_is_upgraded_with_every_lease(tmp_path):
+    db = sqlite3.connect(tmp_path / "leases.sqlite3")
+    db.executescript("""
+        CREATE TABLE leases (id TEXT PRIMARY KEY, body TEXT NOT NULL);
+        CREATE TABLE lease_gpus (gpu INTEGER PRIMARY KEY, lease_id TEXT NOT NULL);
+        CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+        INSERT INTO meta VALUES ('schema_version', '1');
+    """)
+    old = {"id": "old1", "state": "active", "owner_uid": 0, "owner_gid": 0, "requester_pid": 7, "owner_pid": 99,
+           "job": "j", "priority": 3, "preemptible": True, "gpus": [2, 3], "cpus": [4, 5, 6, 7], "memory_nodes": [0],
+           "created": 10.0, "expires": None, "ttl_seconds": None, "preempt_deadline": None,
+           "decision": {"gpus_indices": [2, 3], "gpus": [
+               {"index": 2, "address": "0000:12:00.0", "numa_node": 0, "cpus": [4, 5], "cpu_node": 0, "memory_node": 0},
+               {"index": 3, "address": "0000:13:00.0", "numa_node": 0, "cpus": [6, 7], "cpu_node": 0, "memory_node": 0}],
+               "cpus": [4, 5, 6, 7], "memory_nodes": [0], "numa_nodes": [0], "cost": 2.0, "best_cost": 2.0,
+               "level": "best", "requested_level": "good", "satisfaction": 1.0,
+               "performance": {"relative_allreduce_bandwidth": 1.0, "weakest_pair": "PIX", "weakest_pair_gbps": 25.0,
+                               "level_floors": {}}, "exact": True, "cpu_fallback": False, "reasons": [],
+               "owner_start_time": 123.5, "environment": {"TOPOD_LEASE": "old1"}}}
+    db.execute("INSERT INTO leases VALUES ('old1', ?)", (json.dumps(old),))
+    db.executemany("INSERT INTO lease_gpus VALUES (?, 'old1')", [(2,), (3,)])
+    db.commit()
+    db.close()
+    store = LeaseStore(tmp_path)
+    lease = store.get("old1")
+    assert lease.gpus == (2, 3) and lease.cpus == (4, 5, 6, 7) and lease.owner_start_time == 123.5
+    assert lease.environment == {"TOPOD_LEASE": "old1"} and lease.owner_pid == 99
+    assert store.holder_of("0000:13:00.0") == "old1"
+    store.close()
+    check = sqlite3.connect(tmp_path / "leases.sqlite3")
+    assert check.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("2",)
+    assert check.execute("SELECT count(*) FROM lease_devices").fetchone() == (2,)
+    check.close()
+
+
+def test_a_closed_store_refuses_changes_clearly(tmp_path):
+    store = LeaseStore(tmp_path)
+
+    async def scenario():
+        await store.add(make_lease("a", (0,)))
+        store.close()
+        with pytest.raises(LeaseStoreError):
+            store.add(make_lease("b", (1,)))
+        assert store.get("b") is None and store.holder_of("0000:11:00.0") is None
+
+    asyncio.run(scenario())
