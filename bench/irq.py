@@ -7,7 +7,10 @@
    round-robin over each device's node measured in the same run (goal: <= 20 ms);
 2. plan time on the built-in h800-8gpu host (classification + plan from a real snapshot);
 3. CPU time of one steady-state cycle on that host (read /proc + classify + plan + no-op
-   apply), after convergence.
+   apply), after convergence;
+4. a lease change: one steady full cycle against one `replan()` (the incremental re-plan:
+   no /proc scan, only the IRQs whose candidate CPUs changed), on the h800-8gpu host and on
+   a storm host of 4,096 IRQs on 512 CPUs written out as a /proc tree (write_storm_tree).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from topod.hostspec import build_host, load_builtin_spec  # noqa: E402
 from topod.irq import IrqBalancer, IrqSettings, PlanInput, plan_irqs  # noqa: E402
 from topod.irq.classify import IrqInfo, classify_irqs  # noqa: E402
 from topod.irq.procfs import read_snapshot  # noqa: E402
+from topod.cpulist import format_cpulist  # noqa: E402
 from topod.model import Cpu, NumaNode, NvlinkFabric, PciDevice, Topology  # noqa: E402
 
 
@@ -126,12 +130,81 @@ def bench_host(runs: int) -> None:
              f"{cycle:.2f} (of which reading /proc {read_only:.2f})")
 
 
+def write_storm_tree(root: Path, topology: Topology, inputs: PlanInput) -> Path:
+    """A /proc tree for the in-memory storm host: /proc/interrupts with one column per CPU
+    (each IRQ's interrupts on the CPU it is delivered to), /proc/irq/N/*_affinity_list,
+    /proc/stat and /proc/softirqs. The Topology stays in memory (the cycle reads no /sys)."""
+    cpus = [cpu.id for cpu in topology.cpus]
+    column = {cpu: i for i, cpu in enumerate(cpus)}
+    rng = random.Random(3)
+    lines = ["".join(f"{'CPU' + str(cpu):>11}" for cpu in cpus)]
+    for irq, info in sorted(inputs.irqs.items()):
+        where = inputs.current[irq] or (0,)
+        counts = ["0"] * len(cpus)
+        counts[column[where[0]]] = str(rng.randrange(1, 10**7))
+        lines.append(f"{irq:>4}: " + " ".join(f"{c:>10}" for c in counts)
+                     + f"  IR-PCI-MSIX-{info.device}  {info.queue}-edge  {info.name}")
+        base = root / f"proc/irq/{irq}"
+        base.mkdir(parents=True)
+        (base / "smp_affinity_list").write_text(format_cpulist(list(where)) + "\n")
+        (base / "effective_affinity_list").write_text(format_cpulist(list(where)) + "\n")
+    (root / "proc/interrupts").write_text("\n".join(lines) + "\n")
+    (root / "proc/stat").write_text("".join(f"cpu{cpu} 10 0 10 1000 0 {rng.randrange(100)} {rng.randrange(100)} 0 0 0\n"
+                                            for cpu in cpus))
+    (root / "proc/softirqs").write_text("".join(f"{'CPU' + str(cpu):>11}" for cpu in cpus) + "\n"
+                                        + "      NET_RX: " + " ".join("1000" for _ in cpus) + "\n")
+    return root
+
+
+def bench_lease_change(name: str, host: HostRoot, topology: Topology, leased: frozenset[int],
+                       lease: frozenset[int], runs: int) -> None:
+    """Converge, then time one steady full cycle and one replan() per lease change (a job's
+    CPUs leased, then released, in turn)."""
+    balancer = IrqBalancer(host, IrqSettings())
+    for _ in range(3):
+        balancer.cycle(topology, leased)  # converge (the first cycle moves the storm)
+    assert balancer.cycle(topology, leased).moves == 0
+    full = median_ms(lambda: balancer.cycle(topology, leased), runs, time.process_time)
+    times, moves, planned, states = [], [], [], [leased | lease, leased]
+    for i in range(2 * runs):
+        start = time.process_time()
+        report = balancer.replan(topology, states[i % 2])
+        times.append((time.process_time() - start) * 1000)
+        assert report.kind == "replan"
+        moves.append(report.moves)
+        planned.append(len(report.plan.entries))
+    replan = statistics.median(times)
+    total = len(balancer.cycle(topology, leased).plan.entries)
+    line(f"lease change on {name}: steady full cycle vs replan() (median CPU ms)",
+         f"full {full:.2f}, replan {replan:.2f} (x{full / replan:.0f} less); replan planned "
+         f"{statistics.median(planned):.0f} of {total} IRQs and moved {statistics.median(moves):.0f} (medians)")
+
+
+def bench_replan(runs: int, storm_runs: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        root = build_host(load_builtin_spec("h800-8gpu"), Path(tmp) / "h800")
+        host = HostRoot(root)
+        topology = discover(host)
+        node0 = topology.node(0).cpus
+        bench_lease_change("h800-8gpu (108 IRQs, 64 CPUs; lease 8 CPUs of node 0)", host, topology,
+                           frozenset(), frozenset(node0[2:10]), runs)
+    with tempfile.TemporaryDirectory() as tmp:
+        topology = big_topology()
+        inputs = big_inputs(topology)
+        host = HostRoot(write_storm_tree(Path(tmp), topology, inputs))
+        node3 = topology.node(3).cpus
+        bench_lease_change(f"storm host ({len(inputs.irqs)} IRQs, {len(topology.cpus)} CPUs; lease 16 CPUs "
+                           "of node 3)", host, topology, inputs.leased_cpus, frozenset(node3[:16]), storm_runs)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=21)
+    parser.add_argument("--storm-runs", type=int, default=5, help="runs of the 4,096-IRQ full cycle (slow)")
     args = parser.parse_args()
     bench_big(args.runs)
     bench_host(args.runs)
+    bench_replan(args.runs, args.storm_runs)
     return 0
 
 

@@ -57,12 +57,15 @@ class Clock:
 class Kernel:
     """A write_fault that answers like the kernel: managed IRQs -> EIO, scripted errnos per
     IRQ (one per write, in turn), and on success the effective affinity follows the write
-    (the first CPU written, as x86 vector allocation picks one)."""
+    (the first CPU written, as x86 vector allocation picks one). refuse_all: an errno every
+    write gets (EROFS: /proc/irq mounted read-only); set it to None to make /proc/irq
+    writable again."""
 
     def __init__(self, host: HostRoot, managed: tuple[int, ...] | list[int] = (),
                  faults: Mapping[int, list[int]] | None = None,
-                 no_space: Mapping[int, set[int]] | None = None) -> None:
+                 no_space: Mapping[int, set[int]] | None = None, refuse_all: int | None = None) -> None:
         self.host = host
+        self.refuse_all = refuse_all
         self.managed = set(managed)
         self.faults = {irq: list(codes) for irq, codes in (faults or {}).items()}
         self.no_space = {cpu for cpus in (no_space or {}).values() for cpu in cpus}
@@ -73,6 +76,8 @@ class Kernel:
         parts = rel.strip("/").split("/")
         irq = int(parts[2])
         self.writes.append((irq, text.strip()))
+        if self.refuse_all is not None:
+            raise OSError(self.refuse_all, "refused")
         if irq in self.managed:
             raise OSError(errno.EIO, "managed")
         if self.faults.get(irq):
@@ -81,6 +86,23 @@ class Kernel:
         if len(cpus) == 1 and cpus[0] in self.no_space:
             raise OSError(errno.ENOSPC, "no vector space")
         self.host.path(f"proc/irq/{irq}/effective_affinity_list").write_text(f"{cpus[0]}\n")
+
+
+class ReadLog:
+    """Records every path the balancer reads through a HostRoot (to prove what it did not read)."""
+
+    def __init__(self, host: HostRoot) -> None:
+        self.paths: list[str] = []
+        self._read = host.read
+        host.read = self  # type: ignore[method-assign]
+
+    def __call__(self, rel: str) -> str | None:
+        self.paths.append(rel.strip("/"))
+        return self._read(rel)
+
+    def irqs(self) -> set[int]:
+        """The IRQs whose /proc/irq/N files were read."""
+        return {int(p.split("/")[2]) for p in self.paths if p.startswith("proc/irq/")}
 
 
 def managed_irqs(root: Path) -> list[int]:

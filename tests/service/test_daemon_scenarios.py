@@ -120,8 +120,9 @@ def scenario(daemon_factory, tmp_path):
 def test_started_with_defaults_the_daemon_is_ready_balances_irqs_and_reports_probes_off(scenario):
     s = scenario()
     assert any("READY=1" in text for _, text in s.notify.messages)
+    assert _wait_until(lambda: set(s.client.health()["loops"]) >=
+                       {"reaper", "rescan", "irq", "probe", "api", "load", "exports"})
     health = s.check()
-    assert set(health["loops"]) >= {"reaper", "rescan", "irq", "probe", "api", "load", "exports"}
     assert health["hotplug"]["active"] is False, "a captured tree has no udev"
     links = s.client.request("GET", "/v1/links")
     assert links["enabled"] is False and "captured tree" in links["reason"]
@@ -142,8 +143,8 @@ def test_a_failing_rescan_is_survived_reported_once_and_recovers(scenario):
     assert health["status"] == "degraded" and health["loops"]["rescan"]["failing"]
     assert any("rescan" in reason for reason in health["degraded"])
     assert s.daemon.process.poll() is None
-    failures = [json.loads(line) for line in s.daemon.log().splitlines() if '"loop_failed"' in line]
-    assert len(failures) == 1, "a failing loop is logged once per streak, not per retry"
+    failures = [line for line in s.daemon.log().splitlines() if "loop_failed" in line]
+    assert len(failures) == 1 and "loop=rescan" in failures[0], "logged once per streak, not per retry"
     s.check(expect_degraded=True)
     assert any("rescan failing" in status for status in s.notify.statuses())
     assert s.client.lease(lease["id"])["gpus"] == lease["gpus"]
@@ -207,7 +208,7 @@ def test_leases_whose_gpus_vanish_turn_degraded_and_counts_stay_sane(daemon_fact
     kept = client.allocate(4)
     first.stop()
     # the same state dir under another host: the leased GPUs are not there
-    second = daemon_factory(config=None, root=host_tree("pcie-8gpu"))
+    second = daemon_factory(config=None, root=host_tree("vm-nogpu"))
     second.state = first.state
     client = second.start()
     health = client.health()
@@ -216,7 +217,14 @@ def test_leases_whose_gpus_vanish_turn_degraded_and_counts_stay_sane(daemon_fact
     assert lease["state"] == "degraded" and sorted(lease["missing_gpus"]) == sorted(kept["gpus"])
     assert health["status"] == "degraded" and any(kept["id"] in reason for reason in health["degraded"])
     assert "lease_degraded" in second.log()
-    assert client.allocate(8)["gpus"] == list(range(8)), "GPUs of another host are free for the taking"
+    assert health["gpus"] == 0 and health["gpus_free"] == 0, "never negative"
+    second.stop()
+    # back on the first host, the lease is whole again
+    third = daemon_factory(config=None, root=first.root)
+    third.state = first.state
+    client = third.start()
+    assert client.lease(kept["id"])["state"] == "active" and client.lease(kept["id"])["missing_gpus"] == []
+    assert client.health()["gpus_free"] == 4
 
 
 def test_on_the_live_root_the_hotplug_source_is_udev(daemon_factory, tmp_path):

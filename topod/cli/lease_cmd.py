@@ -91,9 +91,12 @@ def _print_lease(lease: dict) -> None:
     from topod.cpulist import format_cpulist
 
     decision = lease.get("decision", {})
+    state = "" if lease.get("state", "active") == "active" else f"  state {lease['state']}"
     print(f"lease {lease['id']}  gpus {','.join(map(str, lease['gpus']))}  level {decision.get('level')}  "
-          f"cost {decision.get('cost')}  satisfaction {decision.get('satisfaction')}")
-    for gpu in decision.get("gpus", []):
+          f"cost {decision.get('cost')}  satisfaction {decision.get('satisfaction')}{state}")
+    if lease.get("missing_gpus"):
+        print(f"  missing GPU(s): {','.join(map(str, lease['missing_gpus']))} (gone from this host)")
+    for gpu in lease.get("placements", []):
         print(f"  GPU{gpu.get('index')} {gpu.get('address')} node {gpu.get('numa_node')} "
               f"cpus {format_cpulist(gpu.get('cpus', []))}")
     env = lease.get("environment", {})

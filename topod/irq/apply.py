@@ -2,9 +2,12 @@
 
 Like irqbalance's activate.c it writes only when the value differs, and every errno gets
 a class: EIO/EPERM mean the kernel will never take it (a managed IRQ, or one the chip
-cannot move) -> permanent; ENOSPC means the CPU has no vector left -> try the next
-candidate CPU; EBUSY/EAGAIN/EINVAL/ENOMEM (and anything unknown) -> transient, retried
-on later cycles with backoff. After a write the effective affinity is read back.
+cannot move) -> permanent, "managed"; ENOSPC means the CPU has no vector left -> try the
+next candidate CPU; EBUSY/EAGAIN/EINVAL/ENOMEM -> transient, retried on later cycles with
+backoff. Anything else (EROFS from a read-only /proc/irq in a container or under
+ProtectKernelTunables=, EACCES, an errno nobody expected) is permanent too: retrying what
+we do not understand only floods the journal. After a write the effective affinity is
+read back.
 """
 
 from __future__ import annotations
@@ -18,8 +21,11 @@ from topod.host import HostRoot
 from topod.irq.planner import PlanEntry
 from topod.irq.procfs import read_affinity
 
-PERMANENT_ERRNOS = frozenset({errno.EIO, errno.EPERM})
+MANAGED_ERRNOS = frozenset({errno.EIO, errno.EPERM})  # the kernel will never move this IRQ
 NEXT_CPU_ERRNOS = frozenset({errno.ENOSPC})
+TRANSIENT_ERRNOS = frozenset({errno.EBUSY, errno.EAGAIN, errno.EINVAL, errno.ENOMEM})
+# Answers about the file system, not the IRQ: every later write under /proc/irq fails alike.
+TREE_ERRNOS = frozenset({errno.EROFS})
 
 # Outcome statuses.
 MOVED = "moved"  # written, and the effective affinity is inside what was written
@@ -43,7 +49,16 @@ class WriteOutcome:
 
     @property
     def errno_name(self) -> str | None:
-        return None if self.errno is None else errno.errorcode.get(self.errno, str(self.errno))
+        return None if self.errno is None else errno_name(self.errno)
+
+    @property
+    def managed(self) -> bool:
+        """Permanent because the kernel manages the IRQ (EIO/EPERM), not for another reason."""
+        return self.status == PERMANENT and self.errno in MANAGED_ERRNOS
+
+
+def errno_name(code: int) -> str:
+    return errno.errorcode.get(code, str(code))
 
 
 def affinity_path(irq: int) -> str:
@@ -60,16 +75,16 @@ def apply_entry(host: HostRoot, entry: PlanEntry) -> WriteOutcome | None:
         try:
             host.write(affinity_path(entry.irq), format_cpulist(target) + "\n")
         except HostWriteError as exc:
-            effective = read_affinity(host, entry.irq).delivered
-            if exc.errno in PERMANENT_ERRNOS:
-                return WriteOutcome(entry.irq, PERMANENT, None, effective, exc.errno,
-                                    f"kernel refused {format_cpulist(target)}: {errno.errorcode.get(exc.errno)}")
             if exc.errno in NEXT_CPU_ERRNOS:
                 refused.append(format_cpulist(target))
                 continue
-            return WriteOutcome(entry.irq, TRANSIENT, None, effective, exc.errno,
-                                f"kernel answered {errno.errorcode.get(exc.errno, exc.errno)} for "
-                                f"{format_cpulist(target)}; retried later")
+            effective = read_affinity(host, entry.irq).delivered
+            if exc.errno in TRANSIENT_ERRNOS:
+                return WriteOutcome(entry.irq, TRANSIENT, None, effective, exc.errno,
+                                    f"kernel answered {errno_name(exc.errno)} for {format_cpulist(target)}; "
+                                    "retried later")
+            return WriteOutcome(entry.irq, PERMANENT, None, effective, exc.errno,
+                                f"kernel refused {format_cpulist(target)}: {errno_name(exc.errno)}")
         effective = read_affinity(host, entry.irq).effective
         status = MOVED if effective is None or set(effective) <= set(target) else PENDING
         note = "" if not refused else f"no vector space on CPU {', '.join(refused)}; "

@@ -10,7 +10,7 @@ CPU stays there, so a lease or a restart moves only what it must.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -58,6 +58,7 @@ class Plan:
     notes: tuple[str, ...] = ()
     imbalance_before: float | None = None  # max/mean load over the spread CPUs; None without rates
     imbalance_after: float | None = None
+    background: Mapping[int, float] = field(default_factory=dict)  # cpu -> load of the IRQs not spread
 
     def entry(self, irq: int) -> PlanEntry | None:
         for entry in self.entries:
@@ -81,6 +82,9 @@ class PlanInput:
     weights: Weights | None = None  # irq -> load weight; None on cycles without rates
     unsettable: Mapping[int, str] = field(default_factory=dict)  # irq -> why the kernel refuses
     cooling: frozenset[int] = frozenset()  # IRQs moved too recently for a load move
+    # cpu -> load of the IRQs not spread, when irqs is a subset of the host's IRQs (a re-plan
+    # after a lease change): the full plan's figure, as the subset cannot compute it.
+    background: Mapping[int, float] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,9 +122,13 @@ def plan_irqs(topology: Topology, inputs: PlanInput, settings: IrqSettings) -> P
     spread, groups = _spread(inputs, decided)
     notes: list[str] = []
     before = after = None
+    background: Mapping[int, float] = {}
+    if inputs.weights is not None:
+        background = inputs.background
+        if background is None:
+            not_spread = {irq for irq, d in decided.items() if d[0] != "spread" or irq in inputs.unsettable}
+            background = background_load(not_spread, inputs.weights, inputs.effective, inputs.current)
     if inputs.weights is not None and spread:
-        not_spread = {irq for irq, d in decided.items() if d[0] != "spread" or irq in inputs.unsettable}
-        background = background_load(not_spread, inputs.weights, inputs.effective, inputs.current)
         before = imbalance(delivered_cpu(spread, inputs.effective, inputs.current), inputs.weights, background, groups)
         spread, moved = refine(spread, groups, inputs.weights, background, inputs.cooling, settings.min_gain)
         after = imbalance(spread, inputs.weights, background, groups)
@@ -138,7 +146,32 @@ def plan_irqs(topology: Topology, inputs: PlanInput, settings: IrqSettings) -> P
                                  planned, irq in inputs.unsettable, reason, alternatives, inputs.effective.get(irq)))
     if inputs.weights is None:
         notes.append("no rates this cycle: placement by IRQ count only")
-    return Plan(tuple(entries), tuple(notes), before, after)
+    return Plan(tuple(entries), tuple(notes), before, after, background)
+
+
+class DevicePool(NamedTuple):
+    order: tuple[int, ...] | None  # the CPUs its IRQs may take, in spreading order; None: none
+    watch: frozenset[int] | None  # the CPUs whose leasing can change order; None: any CPU
+
+
+def device_pools(topology: Topology, addresses: Iterable[str], leased: frozenset[int],
+                 settings: IrqSettings) -> dict[str, DevicePool]:
+    """Each device's spreading pool with these leases (devices with the same order share
+    one spread group), and which CPUs it depends on: its near CPUs while the pool is drawn
+    from them, every CPU when it fell back to another node or has no pool at all."""
+    cpus = {cpu.id: cpu for cpu in topology.cpus if cpu.online}
+    by_address = {device.address: device for device in topology.pci_devices}
+    excluded = _excluded(topology, leased, settings)
+    cache: dict[tuple[int, ...], _Pool | None] = {}
+    out: dict[str, DevicePool] = {}
+    for address in addresses:
+        device = by_address.get(address)
+        pool = _device_pool(topology, device, cpus, excluded, settings, cache)
+        near = frozenset(_near_cpus(topology, device, cpus)[0]) if device is not None else frozenset()
+        order = None if pool is None else pool.order
+        own = bool(near) and order is not None and near.issuperset(order)
+        out[address] = DevicePool(order, near if own or device is None else None)
+    return out
 
 
 def _excluded(topology: Topology, leased: frozenset[int], settings: IrqSettings) -> frozenset[int]:

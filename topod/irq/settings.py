@@ -1,18 +1,35 @@
-"""IRQ policy settings: the [irq] config section, validated (no I/O)."""
+"""IRQ policy settings: the [irq] config section, validated (no I/O).
+
+The one place the IRQ modes, the irqbalance choices and the section's defaults are
+spelled: topod/config.py and the balancer import them from here."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from topod.cpulist import parse_cpulist
 from topod.errors import ConfigError
 from topod.irq.classify import IRQ_CLASSES
 
+MODES = ("continuous", "dry-run", "off")  # write | plan and report only | do nothing
+IRQBALANCE_CHOICES = ("yield", "ban")
 POLICIES = ("spread", "pin-node", "leave")
 DEFAULT_POLICY = {"rdma": "spread", "nic": "spread", "nvme": "spread", "gpu": "pin-node", "other": "leave"}
 ENOSPC_ALTERNATIVES = 3
+# The [irq] keys IrqSettings reads, with their defaults (interval_seconds is the daemon's).
+DEFAULTS: Mapping[str, Any] = MappingProxyType({
+    "mode": "continuous",
+    "banned_cpus": "",
+    "housekeeping_cpus": "",
+    "irqbalance": "yield",
+    "min_gain": 0.2,
+    "cooldown_seconds": 60.0,
+    "retry_base_seconds": 10.0,
+    "retry_max_seconds": 600.0,
+})
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,23 +38,26 @@ class IrqSettings:
     or a device (PCI address or a name such as mlx5_0, nvme1, ens1f0) to a policy name or
     to an explicit CPU list such as "4-7"."""
 
-    mode: str = "continuous"  # continuous | dry-run | off
+    mode: str = DEFAULTS["mode"]  # one of MODES
     banned_cpus: frozenset[int] = frozenset()
     housekeeping_cpus: frozenset[int] = frozenset()
-    irqbalance: str = "yield"  # yield | ban
+    irqbalance: str = DEFAULTS["irqbalance"]  # one of IRQBALANCE_CHOICES
     policy: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_POLICY))
     irq_overrides: Mapping[str, str] = field(default_factory=dict)
     device_overrides: Mapping[str, str] = field(default_factory=dict)
-    min_gain: float = 0.2
-    cooldown_seconds: float = 60.0
-    retry_base_seconds: float = 10.0
-    retry_max_seconds: float = 600.0
+    min_gain: float = DEFAULTS["min_gain"]
+    cooldown_seconds: float = DEFAULTS["cooldown_seconds"]
+    retry_base_seconds: float = DEFAULTS["retry_base_seconds"]
+    retry_max_seconds: float = DEFAULTS["retry_max_seconds"]
 
     @classmethod
     def from_section(cls, section: Mapping[str, Any]) -> IrqSettings:
         """Build from a config section (unknown keys are the config loader's business)."""
+        def get(key: str) -> Any:
+            return section.get(key, DEFAULTS[key])
+
         def cpus(key: str) -> frozenset[int]:
-            value = section.get(key, "")
+            value = get(key)
             try:
                 return frozenset(parse_cpulist(value) if isinstance(value, str) else [int(v) for v in value])
             except (TypeError, ValueError) as exc:
@@ -52,25 +72,32 @@ class IrqSettings:
             policy[cls_name] = value
         overrides = {key: _override_table(section, key) for key in ("irq_overrides", "device_overrides")}
         settings = cls(
-            mode=str(section.get("mode", "continuous")),
+            mode=str(get("mode")),
             banned_cpus=cpus("banned_cpus"),
             housekeeping_cpus=cpus("housekeeping_cpus"),
-            irqbalance=str(section.get("irqbalance", "yield")),
+            irqbalance=str(get("irqbalance")),
             policy=policy,
             irq_overrides=overrides["irq_overrides"],
             device_overrides=overrides["device_overrides"],
-            min_gain=float(section.get("min_gain", 0.2)),
-            cooldown_seconds=float(section.get("cooldown_seconds", 60.0)),
-            retry_base_seconds=float(section.get("retry_base_seconds", 10.0)),
-            retry_max_seconds=float(section.get("retry_max_seconds", 600.0)),
+            min_gain=_number(get, "min_gain"),
+            cooldown_seconds=_number(get, "cooldown_seconds"),
+            retry_base_seconds=_number(get, "retry_base_seconds"),
+            retry_max_seconds=_number(get, "retry_max_seconds"),
         )
-        for key, value, choices in (("mode", settings.mode, ("continuous", "dry-run", "off")),
-                                    ("irqbalance", settings.irqbalance, ("yield", "ban"))):
+        for key, value, choices in (("mode", settings.mode, MODES),
+                                    ("irqbalance", settings.irqbalance, IRQBALANCE_CHOICES)):
             if value not in choices:
                 raise ConfigError(f"irq.{key}: {value!r} is not one of {', '.join(choices)}")
         if not 0.0 <= settings.min_gain < 1.0:
             raise ConfigError(f"irq.min_gain: {settings.min_gain} must be in [0, 1) (0.2 = a move must cut the load by 20%)")
         return settings
+
+
+def _number(get: Callable[[str], Any], key: str) -> float:
+    try:
+        return float(get(key))
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"irq.{key}: expected a number, got {get(key)!r}") from exc
 
 
 def _override_table(section: Mapping[str, Any], key: str) -> dict[str, str]:

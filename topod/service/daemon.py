@@ -36,6 +36,7 @@ log = structlog.get_logger("topod")
 
 REAP_INTERVAL = 1.0
 LOAD_INTERVAL = 10.0
+EXPORTS_IDLE_SECONDS = 60.0
 LIVENESS_INTERVAL = 5.0
 LIVENESS_TIMEOUT = 10.0
 LEASE_EVENTS = ("lease_granted", "lease_released", "lease_revoked")
@@ -338,8 +339,8 @@ class Daemon:
             self.hotplug.close()
             self.hotplug = None
 
-    def _loop_failed(self, name: str, error: str, streak: int) -> None:
-        self.bus.publish("loop_failed", loop=name, error=error, streak=streak)
+    def _loop_failed(self, name: str, error: str, where: str) -> None:
+        self.bus.publish("loop_failed", loop=name, error=error, where=where)
 
     async def _supervised(self, name: str, iteration, deadline: float, **options) -> None:  # noqa: ANN001
         await supervise(self.supervisor, name, iteration, deadline=deadline, report=self._loop_failed, **options)
@@ -365,11 +366,14 @@ class Daemon:
 
     async def _exports_loop(self) -> None:
         async def iteration() -> None:
-            await self._exports_due.wait()
+            try:
+                await asyncio.wait_for(self._exports_due.wait(), EXPORTS_IDLE_SECONDS)
+            except TimeoutError:
+                return  # nothing changed; the beat says the loop is alive
             self._exports_due.clear()
             await asyncio.to_thread(self.write_nccl_topology)
 
-        await self._supervised("exports", iteration, float("inf"))
+        await self._supervised("exports", iteration, self._deadline(EXPORTS_IDLE_SECONDS))
 
     async def _rescan_loop(self) -> None:
         interval = float(self.config.get("daemon", "rescan_interval_seconds"))

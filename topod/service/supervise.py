@@ -33,11 +33,11 @@ class Backoff:
 
 
 async def supervise(supervisor: Supervisor, name: str, iteration: Iteration, *, deadline: float,
-                    report: Callable[[str, str, int], None] | None = None,
+                    report: Callable[[str, str, str], None] | None = None,
                     backoff: Backoff = Backoff(), beat_on_failure: bool = True) -> None:
     """Run `iteration` until cancelled. `deadline`: seconds without a beat after which the
-    watchdog calls the loop stalled. `report(name, error, streak)` hears each failure worth
-    a line. `beat_on_failure=False` for liveness checks, where failing is not progress."""
+    watchdog calls the loop stalled. `report(name, error, where)` hears each failure worth
+    a line (and then logs it); without it, supervise logs `loop_failed` itself. `beat_on_failure=False` for liveness checks, where failing is not progress."""
     token = supervisor.register(name, deadline)
     try:
         while True:
@@ -48,10 +48,11 @@ async def supervise(supervisor: Supervisor, name: str, iteration: Iteration, *, 
             except Exception as exc:  # noqa: BLE001 - the point of a supervisor
                 error = f"{type(exc).__name__}: {exc}"[:500]
                 if supervisor.fail(name, error):
-                    log.error("loop_failed", loop=name, error=error,
-                              where="".join(traceback.format_tb(exc.__traceback__)[-3:]).strip())
+                    where = "".join(traceback.format_tb(exc.__traceback__)[-3:]).strip()
                     if report is not None:
-                        report(name, error, supervisor.streak(name))
+                        report(name, error, where)
+                    else:
+                        log.error("loop_failed", loop=name, error=error, where=where)
                 if beat_on_failure:
                     supervisor.beat(name)
                 await asyncio.sleep(backoff.delay(supervisor.streak(name)))

@@ -1,0 +1,99 @@
+"""Does background work block the API? One client allocates and releases one GPU in a
+loop against the real daemon on the seed's 8xH800 host grown to 4,096 RDMA IRQs
+(8 NICs x 512 vectors), first idle (IRQ balancing off, no rescans), then with a full IRQ
+cycle every second (dry-run: reads every /proc/irq/N and /proc/interrupts, plans 4,096
+IRQs) and a full rediscovery every second. Prints p50/p99 of both, side by side, and the
+ratio (goal: loaded p99 <= 2x idle p99)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+ROUND_TRIPS = 400
+WARMUP = 20
+VECTORS_PER_NIC = 511  # + the async vector = 512 per NIC
+
+
+def storm_spec() -> dict:
+    from topod.hostspec import load_builtin_spec
+
+    spec = load_builtin_spec("h800-8gpu")
+    for complex_ in spec["root_complex"]:
+        for switch in complex_.get("switches", []):
+            switch["devices"] = [{"kind": "rdma", "queues": VECTORS_PER_NIC} if d == "rdma" else d
+                                 for d in switch["devices"]]
+    return spec
+
+
+def percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * share))]
+
+
+def run(root: Path, work: Path, config: str, label: str) -> tuple[list[float], dict]:
+    from topod.client import ApiError, Client
+
+    (work / f"{label}.toml").write_text(config)
+    sock = str(work / f"{label}.sock")
+    daemon = subprocess.Popen([sys.executable, "-m", "topod.service.main", "--root", str(root), "--socket", sock,
+                               "--state-dir", str(work / f"state-{label}"), "--config", str(work / f"{label}.toml"),
+                               "--log-format", "json"], stderr=subprocess.DEVNULL,
+                              env=dict(os.environ, PYTHONPATH=str(REPO)))
+    try:
+        client = Client(sock)
+        for _ in range(400):
+            try:
+                client.health()
+                break
+            except ApiError:
+                time.sleep(0.05)
+        time.sleep(2.0)  # let the background loops reach their steady pace
+        latencies = []
+        for i in range(ROUND_TRIPS + WARMUP):
+            started = time.perf_counter()
+            lease = client.allocate(1, level="any", cpus_per_gpu=2)
+            client.release(lease["id"])
+            if i >= WARMUP:
+                latencies.append(time.perf_counter() - started)
+        health = client.health()
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(timeout=30)
+    return latencies, health
+
+
+def main() -> int:
+    from topod.hostspec import build_host
+
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        root = build_host(storm_spec(), work / "host")
+        irqs = sum(1 for name in os.listdir(root / "proc/irq") if name.isdigit())
+        idle, _ = run(root, work, '[irq]\nmode = "off"\n[probe]\nenabled = false\n'
+                                  '[daemon]\nrescan_interval_seconds = 3600\n', "idle")
+        loaded, health = run(root, work, '[irq]\nmode = "dry-run"\ninterval_seconds = 1.0\n'
+                                         '[probe]\nenabled = false\n[daemon]\nrescan_interval_seconds = 1.0\n',
+                             "loaded")
+    cycles = health.get("irq", {}).get("cycles")
+    print(f"host: h800-8gpu with {irqs} IRQs; {ROUND_TRIPS} single-client allocate+release round trips each")
+    print(f"idle (IRQ off, no rescans):           p50 {statistics.median(idle) * 1e3:.2f} ms, "
+          f"p99 {percentile(idle, 0.99) * 1e3:.2f} ms")
+    print(f"loaded (IRQ cycle + rescan every 1 s): p50 {statistics.median(loaded) * 1e3:.2f} ms, "
+          f"p99 {percentile(loaded, 0.99) * 1e3:.2f} ms  ({cycles} IRQ cycles ran)")
+    print(f"ratio loaded/idle: p50 {statistics.median(loaded) / statistics.median(idle):.2f}x, "
+          f"p99 {percentile(loaded, 0.99) / percentile(idle, 0.99):.2f}x (goal p99 <= 2x)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
