@@ -23,7 +23,8 @@ SPEC = {
     "root_complex": [{"node": 0, "switches": [{"devices": ["gpu", "rdma"]}], "devices": ["nvme"]}],
 }
 GPU, RDMA, NVME = "0000:13:00.0", "0000:14:00.0", "0000:15:00.0"
-SCENARIOS = ["enumerate", "cross_check_clean", "cross_check_injected", "hotplug_add", "hotplug_remove"]
+SCENARIOS = ["enumerate", "cross_check_clean", "cross_check_injected", "hotplug_add", "hotplug_remove",
+             "daemon_hotplug"]
 
 
 @pytest.fixture(scope="module")
@@ -139,3 +140,15 @@ def test_a_removed_nic_arrives_as_a_remove_event_and_one_rebuild(results):
     assert [(e["action"], e["subsystem"], e["address"]) for e in result["events"]] == [("remove", "pci", RDMA)]
     assert result["request"]["actions"] == ["remove"] and result["request"]["addresses"] == [RDMA]
     assert result["still_listed"] is False
+
+
+def test_the_daemon_watches_udev_on_a_live_root_and_rediscovers_once_per_burst(results):
+    result = scenario(results, "daemon_hotplug")
+    assert result["active"] and result["hotplug"]["active"], result["hotplug"]
+    assert result["hotplug"]["mode"].startswith("udev: watching")
+    added, removed = result["events"][0], result["events"][1]
+    assert added["gpus_added"] == ["0000:61:00.0"] and result["devices_added"] == result["devices_before"] + 2
+    assert result["changes_after_add"] == 1, "two add events (bridge + GPU) make one rediscovery"
+    assert removed["gpus_removed"] == ["0000:61:00.0"] and result["devices_removed"] == result["devices_added"] - 1
+    assert len(result["events"]) == 2
+

@@ -65,6 +65,11 @@ def child_pythonpath(python: str, shim_dir: Path) -> str:
         if not link.exists():
             link.symlink_to(list(spec.submodule_search_locations)[0], target_is_directory=True)
         paths.append(str(shim_dir))
+    # The daemon scenario needs topod's own dependencies (aiohttp, structlog, psutil):
+    # this interpreter's site-packages, same CPython minor version, go last.
+    import sysconfig
+
+    paths.append(sysconfig.get_paths()["purelib"])
     return os.pathsep.join(paths)
 
 
@@ -271,6 +276,58 @@ def scenario_hotplug_remove(tree: Path, testbed) -> dict:
     request = asyncio.run(watcher.wait_for_change(timeout=1.0))
     return {"rdma": rdma, "events": events, "request": request.to_json() if request else None,
             "still_listed": (Path("/sys/bus/pci/devices") / rdma).exists()}
+
+
+def scenario_daemon_hotplug(tree: Path, testbed) -> dict:
+    """The real daemon on the live root (here: the testbed), read-only (IRQ balancing off,
+    no probes): a hot-added PCI function, then its removal, each reach the topology once
+    through the daemon's own udev source, debounced."""
+    import asyncio
+    import tempfile
+
+    from topod.config import parse_config
+    from topod.service.daemon import Daemon
+
+    work = Path(tempfile.mkdtemp(prefix="topod-umockdev-"))
+    config = parse_config('[irq]\nmode = "off"\n[probe]\nenabled = false\n[udev]\nquiet_seconds = 0.2\n'
+                          '[daemon]\nrescan_interval_seconds = 3600\n').with_overrides(
+        root="/", socket=str(work / "topod.sock"), state_dir=str(work / "state"))
+    parent = "/devices/pci0000:60/0000:60:01.0"
+    gpu = f"{parent}/0000:61:00.0"
+
+    async def until(predicate, timeout: float = 10.0) -> bool:
+        deadline = asyncio.get_running_loop().time() + timeout
+        while not predicate():
+            if asyncio.get_running_loop().time() > deadline:
+                return False
+            await asyncio.sleep(0.02)
+        return True
+
+    async def drive() -> dict:
+        daemon = Daemon(config)
+        events: list[dict] = []
+        daemon.bus.add_listener(lambda record: events.append(record) if record["event"] == "topology_changed" else None)
+        running = asyncio.create_task(daemon.run())
+        active = await until(lambda: daemon.hotplug is not None)
+        devices_before = len(daemon.state.topology.pci_devices)
+        testbed.add_from_string(function_record(parent, 0x8086, 0x352A, 0x060400, "pcieport"))
+        testbed.add_from_string(function_record(gpu, 0x10DE, 0x2330, 0x030200, "nvidia"))
+        added = await until(lambda: len(events) >= 1)
+        devices_added = len(daemon.state.topology.pci_devices)
+        await asyncio.sleep(0.5)  # a debounced burst is one rediscovery, not one per event
+        changes_after_add = len(events)
+        testbed.uevent(f"/sys{gpu}", "remove")
+        testbed.remove_device(f"/sys{gpu}")
+        removed = await until(lambda: len(events) >= changes_after_add + 1)
+        devices_removed = len(daemon.state.topology.pci_devices)
+        hotplug = daemon.hotplug.to_json() if daemon.hotplug else None
+        daemon.stop()
+        await running
+        return {"active": active, "hotplug": hotplug, "devices_before": devices_before,
+                "devices_added": devices_added, "devices_removed": devices_removed, "added": added,
+                "removed": removed, "changes_after_add": changes_after_add, "events": events}
+
+    return asyncio.run(drive())
 
 
 SCENARIOS = {name[len("scenario_"):]: fn for name, fn in dict(globals()).items() if name.startswith("scenario_")}

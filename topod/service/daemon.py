@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import socket
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from topod.topojson import topology_to_json
 log = structlog.get_logger("topod")
 
 REAP_INTERVAL = 1.0
+GIL_SWITCH_SECONDS = 0.0005
 LOAD_INTERVAL = 10.0
 EXPORTS_IDLE_SECONDS = 60.0
 LIVENESS_INTERVAL = 5.0
@@ -247,6 +249,9 @@ class Daemon:
     async def run(self, listen: socket.socket | None = None) -> None:
         from topod.service.server import serve
 
+        # Worker threads parse /proc and /sys in pure Python; with the default 5 ms GIL
+        # switch interval a request could wait that long behind them for every step.
+        sys.setswitchinterval(GIL_SWITCH_SECONDS)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)

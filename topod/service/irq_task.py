@@ -30,6 +30,7 @@ class IrqTask:
         self._full = asyncio.Event()
         self._full.set()  # the first iteration is a full cycle
         self._replan = asyncio.Event()
+        self._next_full: float | None = None
         self.last_moves = 0
         self.last_duration = 0.0
 
@@ -50,11 +51,17 @@ class IrqTask:
 
     # -- the loop's iteration -------------------------------------------------------
     async def iteration(self, interval: float) -> None:
-        """Wait for a trigger or the interval, then run one cycle or re-plan."""
+        """Wait for a trigger or the interval, then run one cycle or re-plan. The interval
+        counts from the last full cycle: a steady stream of lease changes (each answered
+        by a re-plan) never postpones the full one."""
+        now = time.monotonic()
+        if self._next_full is not None and now >= self._next_full:
+            self._full.set()
         if not self._full.is_set():
+            timeout = interval if self._next_full is None else max(0.0, self._next_full - now)
             waits = {asyncio.ensure_future(self._full.wait()), asyncio.ensure_future(self._replan.wait())}
             try:
-                await asyncio.wait(waits, timeout=interval, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 for waiter in waits:
                     waiter.cancel()
@@ -65,6 +72,8 @@ class IrqTask:
         full = self._full.is_set()
         self._full.clear()
         self._replan.clear()
+        if full:
+            self._next_full = time.monotonic() + interval
         await self.run(full)
 
     async def run(self, full: bool) -> None:
