@@ -6,16 +6,25 @@ them for operators. A reload that fails validation keeps the running Config.
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from topod.alloc.policy import PolicySettings
+from topod.discover.udev import UdevSettings
 from topod.cpulist import parse_cpulist
 from topod.errors import ConfigError
 from topod.irq.settings import DEFAULTS as IRQ_DEFAULTS
 from topod.irq.settings import IRQBALANCE_CHOICES
 from topod.irq.settings import MODES as IRQ_MODES
+from topod.probe.sampler import SamplerSettings
+
+# Each default lives with the code that uses it; the schema takes it from there.
+_POLICY = PolicySettings()
+_UDEV = UdevSettings()
+_SAMPLER = SamplerSettings()
 
 # section -> key -> (type, default). Types: bool, int, float, str, "cpulist", list, dict.
 SCHEMA: dict[str, dict[str, tuple[object, object]]] = {
@@ -36,16 +45,16 @@ SCHEMA: dict[str, dict[str, tuple[object, object]]] = {
         "reserved_cpus": ("cpulist", ""),
         "reserved_cpus_per_node": (int, 0),
         "default_level": (str, "good"),
-        "aging_seconds": (float, 60.0),
-        "max_aging_boost": (float, 10.0),
+        "aging_seconds": (float, _POLICY.aging_seconds),
+        "max_aging_boost": (float, _POLICY.max_aging_boost),
         "preemption_grace_seconds": (float, 300.0),
-        "backpressure_tolerance": (float, 0.1),
-        "backpressure_threshold": (float, 0.7),
-        "low_priority_below": (int, 0),
-        "short_job_seconds": (float, 600.0),
-        "low_topology_weight": (float, 0.25),
-        "topology_aging_seconds": (float, 300.0),
-        "search_budget": (int, 200000),
+        "backpressure_tolerance": (float, _POLICY.backpressure_tolerance),
+        "backpressure_threshold": (float, _POLICY.backpressure_threshold),
+        "low_priority_below": (int, _POLICY.low_priority_below),
+        "short_job_seconds": (float, _POLICY.short_job_seconds),
+        "low_topology_weight": (float, _POLICY.low_topology_weight),
+        "topology_aging_seconds": (float, _POLICY.topology_aging_seconds),
+        "search_budget": (int, _POLICY.search_budget),
         "max_wait_seconds": (float, 3600.0),
         "max_queue": (int, 256),
         "renew_max_ttl_seconds": (float, 7 * 24 * 3600.0),
@@ -68,17 +77,17 @@ SCHEMA: dict[str, dict[str, tuple[object, object]]] = {
     "probe": {
         "enabled": (bool, True),
         "backend": (str, "host-memory"),
-        "min_interval_seconds": (float, 30.0),
-        "max_interval_seconds": (float, 3600.0),
-        "budget_share": (float, 0.01),
-        "probe_leased_gpus": (bool, False),
+        "min_interval_seconds": (float, _SAMPLER.min_interval_s),
+        "max_interval_seconds": (float, _SAMPLER.max_interval_s),
+        "budget_share": (float, _SAMPLER.budget_share),
+        "probe_leased_gpus": (bool, _SAMPLER.probe_leased_gpus),
         "simulated_table": (str, ""),
     },
     "udev": {
-        "enabled": (bool, True),
-        "source": (str, "udev"),
-        "quiet_seconds": (float, 0.5),
-        "max_delay_seconds": (float, 5.0),
+        "enabled": (bool, _UDEV.enabled),
+        "source": (str, _UDEV.source),
+        "quiet_seconds": (float, _UDEV.quiet_s),
+        "max_delay_seconds": (float, _UDEV.max_delay_s),
     },
     "watchdog": {
         "loop_deadline_seconds": (float, 60.0),
@@ -94,6 +103,11 @@ SCHEMA: dict[str, dict[str, tuple[object, object]]] = {
         "format": (str, "auto"),
     },
 }
+
+# Periods and limits where 0 would mean a busy loop or an unusable daemon.
+POSITIVE = {("daemon", "rescan_interval_seconds"), ("irq", "interval_seconds"), ("probe", "min_interval_seconds"),
+            ("probe", "max_interval_seconds"), ("watchdog", "loop_deadline_seconds"), ("api", "idle_timeout_seconds"),
+            ("alloc", "max_wait_seconds"), ("alloc", "renew_max_ttl_seconds"), ("udev", "max_delay_seconds")}
 
 CHOICES = {
     ("alloc", "default_level"): ("best", "good", "any"),
@@ -148,7 +162,18 @@ def parse_config(text: str, source: str | None = None) -> Config:
             continue
         for key, value in table.items():
             config.values[section][key] = _validate(section, key, value)
+    _check_ranges(config)
     return Config(config.values, source)
+
+
+def _check_ranges(config: Config) -> None:
+    """Rules between keys, each named in the message."""
+    for section, low, high in (("probe", "min_interval_seconds", "max_interval_seconds"),
+                               ("udev", "quiet_seconds", "max_delay_seconds"),
+                               ("irq", "retry_base_seconds", "retry_max_seconds")):
+        if config.get(section, low) > config.get(section, high):
+            raise ConfigError(f"{section}.{low} ({config.get(section, low):g}) must not exceed "
+                              f"{section}.{high} ({config.get(section, high):g})")
 
 
 def load_config(path: str | None) -> Config:
@@ -177,8 +202,12 @@ def _validate(section: str, key: str, value: Any) -> Any:
     elif kind is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{where}: expected a number, got {type(value).__name__}")
+        if not math.isfinite(value):
+            raise ConfigError(f"{where}: must be a finite number, got {value!r}")
         if value < 0:
             raise ConfigError(f"{where}: must not be negative")
+        if (section, key) in POSITIVE and value == 0:
+            raise ConfigError(f"{where}: must be greater than 0")
         value = float(value)
     elif kind is int:
         if isinstance(value, bool) or not isinstance(value, int):

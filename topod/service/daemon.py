@@ -29,7 +29,7 @@ from topod.service.leases import LeaseService
 from topod.service.load import NodeLoadSampler
 from topod.service.notify import Notifier
 from topod.service.state import HostState
-from topod.service.supervise import supervise
+from topod.service.supervise import Backoff, supervise
 from topod.service.watchdog import Supervisor, run_watchdog, watchdog_interval
 from topod.topojson import topology_to_json
 
@@ -329,7 +329,23 @@ class Daemon:
                      "api": self._liveness_loop, "rescan": self._rescan_loop, "irq": self._irq_loop,
                      "probe": self._probe_loop}
         assert self._tasks is not None
-        self._loops[name] = self._tasks.create_task(factories[name](), name=f"topod-{name}")
+        self._loops[name] = self._tasks.create_task(self._guarded(name, factories[name]), name=f"topod-{name}")
+
+    async def _guarded(self, name: str, factory) -> None:  # noqa: ANN001
+        """A loop's setup (opening a backend, udev, the balancer) is supervised like its
+        iterations: a failure is reported and retried with backoff, never fatal."""
+        backoff = Backoff()
+        while True:
+            try:
+                await factory()
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - see the docstring
+                error = f"{type(exc).__name__}: {exc}"[:500]
+                if self.supervisor.fail(name, error):
+                    self._loop_failed(name, f"setup: {error}", "")
+                await asyncio.sleep(backoff.delay(self.supervisor.streak(name)))
 
     def _stop_loop(self, name: str) -> None:
         task = self._loops.pop(name, None)
