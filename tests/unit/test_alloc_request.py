@@ -52,6 +52,11 @@ def test_short_pci_address_gets_the_default_domain():
     ({"gpus": 1, "preemptible": "yes"}, "preemptible", "true or false"),
     ({"gpus": 1, "job": ["a"]}, "job", "a string"),
     ({"gpus": 1, "job": "x" * 300}, "job", "longer than"),
+    ({"gpus": 1, "job": "a\x00b"}, "job", "control character"),
+    ({"gpus": 1, "job": "\ud800"}, "job", "lone UTF-16 surrogate"),
+    ({"gpus": 1, "model": "H100\x9b"}, "model", "control character"),
+    ({"gpus": 1, "must_include": ["18:00.0\x00"]}, "must_include", "control character"),
+    ({"gpus": 1, "must_include": [10**400]}, "must_include", "digits"),
 ])
 def test_bad_field_is_named_in_the_error(body, field, words):
     with pytest.raises(InvalidRequestError) as error:

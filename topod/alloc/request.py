@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,6 +14,15 @@ MAX_GPUS = 4096
 MAX_CPUS_PER_GPU = 4096
 PCI_ADDRESS = re.compile(r"^(?:[0-9a-f]{4,8}:)?[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 GPU_UUID = re.compile(r"^(gpu|mig)-[0-9a-f-]{8,}$")
+MAX_MODEL_LENGTH = 128
+MAX_JOB_LENGTH = 256
+MIN_PRIORITY, MAX_PRIORITY = -1_000_000, 1_000_000
+MAX_MEMORY_MIB = 1 << 40
+# C0 controls, DEL, C1 controls and UTF-16 surrogates (a lone one cannot be encoded as
+# UTF-8: a job name carrying one would crash every client that prints it).
+FORBIDDEN_CHARACTERS = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+# The kernel's PID_MAX_LIMIT on 64-bit: no pid can be larger, whatever pid_max says.
+PID_MAX_LIMIT = 4_194_304
 
 FIELDS = ("gpus", "must_include", "level", "priority", "cpus_per_gpu", "min_memory_mib", "model",
           "preemptible", "job")
@@ -54,12 +64,12 @@ class Request:
             gpus=gpus,
             must_include=must,
             level=level,
-            priority=_integer(body, "priority", default=0, minimum=-1_000_000, maximum=1_000_000),
+            priority=_integer(body, "priority", default=0, minimum=MIN_PRIORITY, maximum=MAX_PRIORITY),
             cpus_per_gpu=_integer(body, "cpus_per_gpu", default=0, minimum=0, maximum=MAX_CPUS_PER_GPU),
-            min_memory_mib=_integer(body, "min_memory_mib", default=0, minimum=0, maximum=1 << 40),
-            model=_text(body, "model", 128),
+            min_memory_mib=_integer(body, "min_memory_mib", default=0, minimum=0, maximum=MAX_MEMORY_MIB),
+            model=_text(body, "model", MAX_MODEL_LENGTH),
             preemptible=preemptible,
-            job=_text(body, "job", 256),
+            job=_text(body, "job", MAX_JOB_LENGTH),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -83,10 +93,28 @@ def _integer(body: dict, name: str, *, default: int | None = None, minimum: int,
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidRequestError(name, f"expected an integer, got {_kind(value)}")
     if value < minimum:
-        raise InvalidRequestError(name, f"must be >= {minimum}, got {value}")
+        raise InvalidRequestError(name, f"must be >= {minimum}, got {_show(value)}")
     if value > maximum:
-        raise InvalidRequestError(name, f"must be <= {maximum}, got {value}")
+        raise InvalidRequestError(name, f"must be <= {maximum}, got {_show(value)}")
     return value
+
+
+def _show(value: Any) -> str:
+    """A number for an error message: a 400-digit integer is not worth echoing."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**18:
+        return f"an integer of {len(str(abs(value))) if abs(value) < 10**4000 else 'thousands of'} digits"
+    return repr(value)
+
+
+def text_problem(value: str) -> str | None:
+    """Why a string cannot be stored and shown, or None: control characters (NUL, C0,
+    DEL, C1) and lone surrogates are refused everywhere in the API."""
+    bad = FORBIDDEN_CHARACTERS.search(value)
+    if bad is None:
+        return None
+    char = bad.group()
+    what = "a lone UTF-16 surrogate" if "\ud800" <= char <= "\udfff" else "a control character"
+    return f"contains {what} (U+{ord(char):04X}) at position {bad.start()}"
 
 
 def _text(body: dict, name: str, limit: int) -> str | None:
@@ -95,6 +123,9 @@ def _text(body: dict, name: str, limit: int) -> str | None:
         return None
     if not isinstance(value, str):
         raise InvalidRequestError(name, f"expected a string, got {_kind(value)}")
+    problem = text_problem(value)
+    if problem:
+        raise InvalidRequestError(name, problem)
     value = value.strip()
     if not value:
         raise InvalidRequestError(name, "must not be empty")
@@ -112,9 +143,14 @@ def _must_include(value: Any) -> tuple[int | str, ...]:
             raise InvalidRequestError("must_include", f"expected GPU indices or PCI addresses, got {_kind(item)}")
         if isinstance(item, int):
             if item < 0:
-                raise InvalidRequestError("must_include", f"GPU index must be >= 0, got {item}")
+                raise InvalidRequestError("must_include", f"GPU index must be >= 0, got {_show(item)}")
+            if item > MAX_GPUS:
+                raise InvalidRequestError("must_include", f"GPU index must be <= {MAX_GPUS}, got {_show(item)}")
             out.append(item)
             continue
+        problem = text_problem(item)
+        if problem:
+            raise InvalidRequestError("must_include", problem)
         address = item.strip().lower()
         if GPU_UUID.match(address):
             out.append(item.strip())
@@ -209,6 +245,81 @@ class Decision:
 
 
 SERVICE_FIELDS = ("ttl_seconds", "owner_pid", "wait")
+RENEW_FIELDS = ("ttl_seconds",)
+
+
+def parse_pid_max(text: str | None) -> int:
+    """/proc/sys/kernel/pid_max's text -> the largest pid + 1; PID_MAX_LIMIT when unreadable."""
+    try:
+        value = int((text or "").strip())
+    except ValueError:
+        return PID_MAX_LIMIT
+    return value if 1 <= value <= PID_MAX_LIMIT else PID_MAX_LIMIT
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLimits:
+    """The bounds of the fields the engine does not see; the daemon builds them from
+    [alloc] max_wait_seconds and renew_max_ttl_seconds."""
+
+    max_wait_seconds: float = 3600.0
+    max_ttl_seconds: float = 7 * 24 * 3600.0
+    pid_max: int = PID_MAX_LIMIT  # owner_pid is accepted in 1..pid_max (the service reads the host's)
+
+    def __post_init__(self) -> None:
+        for name in ("max_wait_seconds", "max_ttl_seconds"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or value < 0:
+                raise ValueError(f"RequestLimits.{name} must be a finite number >= 0, got {value!r}")
+        if isinstance(self.pid_max, bool) or not isinstance(self.pid_max, int) or self.pid_max < 1:
+            raise ValueError(f"RequestLimits.pid_max must be an integer >= 1, got {self.pid_max!r}")
+
+
+def _seconds(value: Any, name: str, *, positive: bool, maximum: float, limit_name: str) -> float:
+    """A finite number of seconds in (0 or [0, maximum]; the error names the field and the limit."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidRequestError(name, f"expected a number of seconds, got {_kind(value)}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InvalidRequestError(name, f"must be a finite number, got {value!r}")
+    if value < 0 or (positive and value == 0):
+        raise InvalidRequestError(name, f"must be {'> 0' if positive else '>= 0'}, got {_show(value)}")
+    if value > maximum:
+        raise InvalidRequestError(name, f"must be <= {maximum:g} seconds ({limit_name}), got {_show(value)}")
+    return float(value)
+
+
+def validate_ttl(value: Any, limits: RequestLimits) -> float:
+    return _seconds(value, "ttl_seconds", positive=True, maximum=limits.max_ttl_seconds,
+                    limit_name="[alloc] renew_max_ttl_seconds")
+
+
+def validate_owner_pid(value: Any, limits: RequestLimits) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidRequestError("owner_pid", f"expected a process id (an integer), got {_kind(value)}")
+    if value < 1:
+        raise InvalidRequestError("owner_pid", f"must be >= 1, got {_show(value)}")
+    if value > limits.pid_max:
+        raise InvalidRequestError("owner_pid", f"must be <= {limits.pid_max} (the kernel's pid_max), "
+                                               f"got {_show(value)}")
+    return value
+
+
+def validate_wait(value: Any, limits: RequestLimits) -> float:
+    return _seconds(value, "wait", positive=False, maximum=limits.max_wait_seconds,
+                    limit_name="[alloc] max_wait_seconds")
+
+
+def validate_renew_body(body: Any, limits: RequestLimits) -> float | None:
+    """The ttl a renew asks for (finite, > 0, <= limits.max_ttl_seconds), or None for
+    `{}` / `{"ttl_seconds": null}`: renew with the lease's own ttl."""
+    if not isinstance(body, dict):
+        raise InvalidRequestError("body", f"renew takes a JSON object with at most 'ttl_seconds', got {_kind(body)}")
+    unknown = sorted(str(key) for key in body if key not in RENEW_FIELDS)
+    if unknown:
+        raise InvalidRequestError(unknown[0], "unknown field; renew takes at most 'ttl_seconds'")
+    ttl = body.get("ttl_seconds")
+    return None if ttl is None else validate_ttl(ttl, limits)
 
 
 @dataclass(slots=True)
@@ -220,19 +331,17 @@ class ServiceRequest:
     wait_seconds: float
 
     @classmethod
-    def split(cls, body: Any) -> tuple[ServiceRequest, dict[str, Any]]:
+    def split(cls, body: Any, limits: RequestLimits | None = None) -> tuple[ServiceRequest, dict[str, Any]]:
+        """(the service's fields validated against `limits`, the rest for Request.from_json)."""
+        limits = limits if limits is not None else RequestLimits()
         if not isinstance(body, dict):
-            raise InvalidRequestError("body", "must be a JSON object")
+            raise InvalidRequestError("body", f"must be a JSON object, got {_kind(body)}")
         engine_body = {k: v for k, v in body.items() if k not in SERVICE_FIELDS}
         ttl = body.get("ttl_seconds")
         owner = body.get("owner_pid")
-        wait = body.get("wait", 0)
-        if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or ttl <= 0):
-            raise InvalidRequestError("ttl_seconds", "expected a positive number of seconds")
-        if owner is not None and (isinstance(owner, bool) or not isinstance(owner, int) or owner <= 0):
-            raise InvalidRequestError("owner_pid", "expected a positive process id")
-        if wait is False or wait is None:
-            wait = 0
-        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or wait < 0:
-            raise InvalidRequestError("wait", "expected a number of seconds >= 0 (0 = fail fast)")
-        return cls(float(ttl) if ttl is not None else None, owner, float(wait)), engine_body
+        wait = body.get("wait")
+        return cls(
+            None if ttl is None else validate_ttl(ttl, limits),
+            None if owner is None else validate_owner_pid(owner, limits),
+            0.0 if wait is None else validate_wait(wait, limits),
+        ), engine_body

@@ -1,127 +1,287 @@
-"""The OpenAPI 3 document of the API; tests hold the server to it."""
+"""The OpenAPI 3.1 document of the API; tests hold the server to it.
+
+It says exactly what the server takes: the bounds come from the same constants and
+RequestLimits the validators use (the served document follows the running config), and
+every status an operation can return is listed, errors with the Error schema. Checked by
+openapi-spec-validator and fuzzed by schemathesis (tests/service/test_api_schemathesis.py).
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 from topod import __version__
+from topod.alloc.request import (
+    LEVELS, MAX_CPUS_PER_GPU, MAX_GPUS, MAX_JOB_LENGTH, MAX_MEMORY_MIB, MAX_MODEL_LENGTH, MAX_PRIORITY,
+    MIN_PRIORITY, RequestLimits,
+)
+from topod.api.body import DEFAULT_MAX_BYTES, MAX_DEPTH
 
-ERROR = {"type": "object", "required": ["code", "message"], "additionalProperties": False,
-         "properties": {"code": {"type": "string"}, "message": {"type": "string"}}}
+# No C0/C1 control characters, DEL or lone surrogates (the server's text_problem), and
+# at least one non-blank character (the server strips and refuses an empty result).
+TEXT_PATTERN = r"^[^\u0000-\u001f\u007f-\u009f]*[^\s\u0000-\u001f\u007f-\u009f][^\u0000-\u001f\u007f-\u009f]*$"
+CLEAN_TEXT = r"^[^\u0000-\u001f\u007f-\u009f]*$"
+# must_include strings: a PCI address (domain optional) or a GPU/MIG UUID, any case.
+GPU_NAME_PATTERN = r"^(?:(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]|(?:[gG][pP][uU]|[mM][iI][gG])-[0-9a-fA-F-]{8,})$"
 
-LEASE_REQUEST = {
-    "type": "object",
-    "required": ["gpus"],
-    "additionalProperties": False,
+ERROR = {
+    "type": "object", "required": ["code", "message"], "additionalProperties": False,
+    "description": "Every error. `code` is machine-readable: invalid_json, invalid_request, unknown_gpu, "
+                   "invalid_telemetry (400); permission_denied (403); lease_not_found, not_found (404); "
+                   "method_not_allowed (405, with an Allow header); insufficient_gpus, insufficient_cpus, "
+                   "level_unreachable, gpu_already_leased, wait_timeout (409); payload_too_large (413); "
+                   "unsupported_media_type (415: a Content-Type charset other than UTF-8); queue_full (429); "
+                   "internal_error and other server faults (500, with request_id); unavailable, "
+                   "too_many_connections (503).",
     "properties": {
-        "gpus": {"type": "integer", "minimum": 1, "description": "number of GPUs"},
-        "must_include": {"type": "array", "items": {"oneOf": [{"type": "integer", "minimum": 0}, {"type": "string"}]},
-                         "description": "GPU indices or PCI addresses the set must contain"},
-        "level": {"type": "string", "enum": ["best", "good", "any"]},
-        "priority": {"type": "integer"},
-        "cpus_per_gpu": {"type": "integer", "minimum": 0},
-        "min_memory_mib": {"type": "integer", "minimum": 0},
-        "model": {"type": "string", "description": "substring of the GPU model name"},
-        "preemptible": {"type": "boolean"},
-        "ttl_seconds": {"type": "number", "exclusiveMinimum": 0},
-        "owner_pid": {"type": "integer", "minimum": 1, "description": "the lease ends when this process exits"},
-        "wait": {"type": "number", "minimum": 0, "description": "seconds to queue; 0 fails fast"},
-        "job": {"type": "string"},
+        "code": {"type": "string"},
+        "message": {"type": "string"},
+        "request_id": {"type": "string", "description": "500 only: the id the daemon log carries"},
+    },
+}
+
+
+def _lease_request(limits: RequestLimits) -> dict:
+    return {
+        "type": "object",
+        "required": ["gpus"],
+        "additionalProperties": False,
+        "properties": {
+            "gpus": {"type": "integer", "minimum": 1, "maximum": MAX_GPUS, "description": "number of GPUs"},
+            "must_include": {
+                "type": "array", "uniqueItems": True, "maxItems": MAX_GPUS,
+                "description": "GPU indices, PCI addresses or UUIDs the set must contain (at most `gpus` of them)",
+                "items": {"oneOf": [{"type": "integer", "minimum": 0, "maximum": MAX_GPUS},
+                                    {"type": "string", "pattern": GPU_NAME_PATTERN}]},
+            },
+            "level": {"type": "string", "enum": list(LEVELS), "description": "default: [alloc] default_level"},
+            "priority": {"type": "integer", "minimum": MIN_PRIORITY, "maximum": MAX_PRIORITY},
+            "cpus_per_gpu": {"type": "integer", "minimum": 0, "maximum": MAX_CPUS_PER_GPU},
+            "min_memory_mib": {"type": "integer", "minimum": 0, "maximum": MAX_MEMORY_MIB},
+            "model": {"type": "string", "minLength": 1, "maxLength": MAX_MODEL_LENGTH, "pattern": TEXT_PATTERN,
+                      "description": "case-insensitive substring of the GPU model name"},
+            "preemptible": {"type": "boolean"},
+            "ttl_seconds": {"type": ["number", "null"], "exclusiveMinimum": 0,
+                            "maximum": limits.max_ttl_seconds,
+                            "description": "the lease ends this long after the grant (max: [alloc] "
+                                           "renew_max_ttl_seconds)"},
+            "owner_pid": {"type": ["integer", "null"], "minimum": 1, "maximum": limits.pid_max,
+                          "description": "the lease ends when this process exits (max: the kernel's pid_max)"},
+            "wait": {"type": ["number", "null"], "minimum": 0, "maximum": limits.max_wait_seconds,
+                     "description": "seconds to queue; 0 fails fast (max: [alloc] max_wait_seconds)"},
+            "job": {"type": "string", "minLength": 1, "maxLength": MAX_JOB_LENGTH, "pattern": TEXT_PATTERN},
+        },
+    }
+
+
+def _renew_request(limits: RequestLimits) -> dict:
+    return {
+        "type": "object", "additionalProperties": False,
+        "description": "`{}` or no body renews with the lease's own ttl (400 if it has none)",
+        "properties": {"ttl_seconds": {"type": ["number", "null"], "exclusiveMinimum": 0,
+                                       "maximum": limits.max_ttl_seconds}},
+    }
+
+
+TELEMETRY = {
+    "type": "object", "required": ["link", "bytes", "seconds"], "additionalProperties": False,
+    "properties": {
+        "link": {"type": "string", "minLength": 1, "maxLength": 4096, "pattern": CLEAN_TEXT,
+                 "description": "a link id of this host (GET /v1/links)"},
+        "bytes": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1},
+        "seconds": {"type": "number", "exclusiveMinimum": 0},
+    },
+}
+
+INTS = {"type": "array", "items": {"type": "integer"}}
+NULLABLE_INT = {"type": ["integer", "null"]}
+NULLABLE_NUMBER = {"type": ["number", "null"]}
+
+PLACEMENT = {
+    "type": "object",
+    "required": ["index", "address", "uuid", "numa_node", "cpus", "cpu_node", "memory_node"],
+    "properties": {
+        "index": {"type": "integer"},
+        "address": {"type": "string"},
+        "uuid": {"type": ["string", "null"]},
+        "numa_node": NULLABLE_INT,
+        "cpus": INTS,
+        "cpu_node": NULLABLE_INT,
+        "memory_node": NULLABLE_INT,
+    },
+}
+
+DECISION = {
+    "type": "object",
+    "required": ["cost", "best_cost", "level", "requested_level", "satisfaction", "numa_nodes", "performance",
+                 "exact", "cpu_fallback", "reasons"],
+    "properties": {
+        "cost": {"type": "number"},
+        "best_cost": {"type": "number"},
+        "level": {"type": "string"},
+        "requested_level": {"type": "string"},
+        "satisfaction": {"type": "number"},
+        "numa_nodes": INTS,
+        "performance": {"type": "object"},
+        "exact": {"type": "boolean"},
+        "cpu_fallback": {"type": "boolean"},
+        "reasons": {"type": "array", "items": {"type": "string"}},
     },
 }
 
 LEASE = {
     "type": "object",
-    "required": ["id", "state", "owner_uid", "gpus", "cpus", "memory_nodes", "decision", "environment"],
+    "required": ["id", "state", "owner_uid", "owner_gid", "owner_pid", "requester_pid", "job", "priority",
+                 "preemptible", "gpus", "cpus", "memory_nodes", "missing_gpus", "placements", "created", "expires",
+                 "ttl_seconds", "preempt_deadline", "decision", "environment"],
     "properties": {
         "id": {"type": "string"},
-        "state": {"type": "string", "enum": ["active", "preempting"]},
+        "state": {"type": "string", "enum": ["active", "preempting", "degraded"]},
         "owner_uid": {"type": "integer"},
         "owner_gid": {"type": "integer"},
-        "owner_pid": {"type": ["integer", "null"]},
-        "requester_pid": {"type": ["integer", "null"]},
+        "owner_pid": NULLABLE_INT,
+        "requester_pid": NULLABLE_INT,
         "job": {"type": ["string", "null"]},
         "priority": {"type": "integer"},
         "preemptible": {"type": "boolean"},
-        "gpus": {"type": "array", "items": {"type": "integer"}},
-        "cpus": {"type": "array", "items": {"type": "integer"}},
-        "memory_nodes": {"type": "array", "items": {"type": "integer"}},
+        "gpus": INTS,
+        "cpus": INTS,
+        "memory_nodes": INTS,
+        "missing_gpus": INTS,
+        "placements": {"type": "array", "items": {"$ref": "#/components/schemas/Placement"}},
         "created": {"type": "number"},
-        "expires": {"type": ["number", "null"]},
-        "ttl_seconds": {"type": ["number", "null"]},
-        "preempt_deadline": {"type": ["number", "null"]},
-        "decision": {"type": "object", "description": "GPUs with their CPUs and nodes, cost, level, satisfaction, "
-                                                     "performance estimate"},
+        "expires": NULLABLE_NUMBER,
+        "ttl_seconds": NULLABLE_NUMBER,
+        "preempt_deadline": NULLABLE_NUMBER,
+        "decision": {"$ref": "#/components/schemas/Decision"},
         "environment": {"type": "object", "additionalProperties": {"type": "string"}},
     },
 }
 
+HEALTH = {
+    "type": "object",
+    "required": ["status"],
+    "properties": {
+        "status": {"type": "string", "enum": ["ok", "degraded"]},
+        "loops": {"type": "object"},
+        "gpus": {"type": "integer", "minimum": 0},
+        "gpus_free": {"type": "integer"},
+        "leases": {"type": "integer", "minimum": 0},
+        "waiting": {"type": "integer", "minimum": 0},
+    },
+}
 
-def _error_responses(*codes: int) -> dict:
-    return {str(code): {"description": "error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
-            for code in codes}
+ENDED = {"type": "object", "properties": {"gpus": INTS}}
+
+ERROR_DESCRIPTIONS = {
+    400: "invalid_json, invalid_request, unknown_gpu, invalid_telemetry",
+    403: "permission_denied",
+    404: "lease_not_found",
+    409: "insufficient_gpus, insufficient_cpus, level_unreachable, gpu_already_leased, wait_timeout",
+    413: "payload_too_large: the body exceeds [api] max_body_bytes",
+    415: "unsupported_media_type: a Content-Type charset other than UTF-8",
+    429: "queue_full",
+    500: "internal_error (or another server fault), with a request_id the daemon log carries",
+    503: "unavailable (a feature switched off), too_many_connections ([api] max_connections)",
+}
 
 
-def _json(schema_ref: str, description: str) -> dict:
-    return {"description": description, "content": {"application/json": {"schema": {"$ref": schema_ref}}}}
+def _errors(*codes: int) -> dict:
+    """The listed error statuses plus 500 and 503, which any operation can return."""
+    return {str(code): {"description": ERROR_DESCRIPTIONS[code],
+                        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+            for code in sorted({*codes, 500, 503})}
 
 
-def _any_json(description: str) -> dict:
-    return {"description": description, "content": {"application/json": {"schema": {"type": "object"}}}}
+def _json(schema: dict, description: str) -> dict:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _ref(name: str) -> dict:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _body(schema: dict, required: bool) -> dict:
+    return {"required": required, "content": {"application/json": {"schema": schema}}}
 
 
 LEASE_ID = [{"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}]
 
 
-def openapi_document() -> dict:
+def openapi_document(limits: RequestLimits | None = None, *, max_body_bytes: int = DEFAULT_MAX_BYTES) -> dict[str, Any]:
+    limits = limits if limits is not None else RequestLimits()
+    body_errors = (400, 413, 415)
     return {
-        "openapi": "3.0.3",
-        "info": {"title": "topod API", "version": __version__,
-                 "description": "HTTP/1.1 + JSON on a Unix socket (curl --unix-socket /run/topod/topod.sock http://topod/v1/...)"},
+        "openapi": "3.1.0",
+        "info": {
+            "title": "topod API", "version": __version__,
+            "description": "HTTP/1.1 + JSON on a Unix socket (curl --unix-socket /run/topod/topod.sock "
+                           "http://topod/v1/...). Request bodies: UTF-8 JSON (a Content-Type naming another "
+                           f"charset is 415; a leading BOM is ignored), at most {max_body_bytes} bytes (413), "
+                           f"nested at most {MAX_DEPTH} deep, finite numbers only (NaN/Infinity are 400 "
+                           "invalid_json), strings without control characters or lone surrogates (400 "
+                           "invalid_request naming the field). Any other method on a path is 405 with an Allow "
+                           "header; an unknown path is 404 not_found.",
+        },
         "servers": [{"url": "http://topod"}],
         "paths": {
-            "/v1/health": {"get": {"summary": "daemon health", "responses": {"200": _any_json("health")}}},
+            "/v1/health": {"get": {"summary": "daemon health", "operationId": "health",
+                                   "responses": {"200": _json(_ref("Health"), "health"), **_errors()}}},
             "/v1/topology": {"get": {"summary": "the host model (schema as `topoctl topo --json`)",
-                                     "responses": {"200": _any_json("topology")}}},
+                                     "operationId": "topology",
+                                     "responses": {"200": _json({"type": "object"}, "topology"), **_errors()}}},
             "/v1/leases": {
-                "get": {"summary": "list leases", "responses": {"200": {"description": "leases", "content": {
-                    "application/json": {"schema": {"type": "object", "properties": {
-                        "leases": {"type": "array", "items": {"$ref": "#/components/schemas/Lease"}}}}}}}}},
-                "post": {"summary": "allocate GPUs", "requestBody": {"required": True, "content": {
-                    "application/json": {"schema": {"$ref": "#/components/schemas/LeaseRequest"}}}},
-                         "responses": {"201": _json("#/components/schemas/Lease", "granted"),
-                                       **_error_responses(400, 403, 409, 429)}},
+                "get": {"summary": "list leases", "operationId": "listLeases", "responses": {
+                    "200": _json({"type": "object", "required": ["leases"], "properties": {
+                        "leases": {"type": "array", "items": _ref("Lease")}}}, "leases"),
+                    **_errors()}},
+                "post": {"summary": "allocate GPUs", "operationId": "allocate",
+                         "requestBody": _body(_ref("LeaseRequest"), True),
+                         "responses": {"201": _json(_ref("Lease"), "granted"),
+                                       **_errors(*body_errors, 403, 409, 429)}},
             },
             "/v1/leases/{id}": {
                 "parameters": LEASE_ID,
-                "get": {"summary": "one lease", "responses": {"200": _json("#/components/schemas/Lease", "lease"),
-                                                               **_error_responses(404)}},
-                "delete": {"summary": "release", "responses": {"200": _any_json("released"),
-                                                                **_error_responses(403, 404)}},
+                "get": {"summary": "one lease", "operationId": "getLease",
+                        "responses": {"200": _json(_ref("Lease"), "lease"), **_errors(404)}},
+                "delete": {"summary": "release (owner or root)", "operationId": "release",
+                           "responses": {"200": _json({**ENDED, "required": ["released", "gpus"], "properties": {
+                               **ENDED["properties"], "released": {"type": "string"}}}, "released"),
+                               **_errors(403, 404)}},
             },
             "/v1/leases/{id}/renew": {
                 "parameters": LEASE_ID,
-                "post": {"summary": "extend the ttl", "requestBody": {"required": False, "content": {
-                    "application/json": {"schema": {"type": "object", "additionalProperties": False, "properties": {
-                        "ttl_seconds": {"type": "number", "exclusiveMinimum": 0}}}}}},
-                         "responses": {"200": _json("#/components/schemas/Lease", "renewed"),
-                                       **_error_responses(400, 403, 404)}},
+                "post": {"summary": "extend the ttl (owner or root)", "operationId": "renew",
+                         "requestBody": _body(_renew_request(limits), False),
+                         "responses": {"200": _json(_ref("Lease"), "renewed"), **_errors(*body_errors, 403, 404)}},
             },
             "/v1/leases/{id}/revoke": {
                 "parameters": LEASE_ID,
-                "post": {"summary": "revoke (root only)", "responses": {"200": _any_json("revoked"),
-                                                                        **_error_responses(403, 404)}},
+                "post": {"summary": "revoke (root only)", "operationId": "revoke",
+                         "responses": {"200": _json({**ENDED, "required": ["revoked", "gpus"], "properties": {
+                             **ENDED["properties"], "revoked": {"type": "string"}}}, "revoked"),
+                             **_errors(403, 404)}},
             },
-            "/v1/events": {"get": {"summary": "event stream, one JSON object per line", "responses": {
-                "200": {"description": "events", "content": {"application/x-ndjson": {"schema": {"type": "string"}}}}}}},
-            "/v1/irqs": {"get": {"summary": "IRQ plan and last cycle", "responses": {"200": _any_json("irqs")}}},
-            "/v1/links": {"get": {"summary": "expected vs measured links", "responses": {"200": _any_json("links")}}},
-            "/v1/telemetry": {"post": {"summary": "a job's observed transfer", "requestBody": {"required": True, "content": {
-                "application/json": {"schema": {"type": "object", "required": ["link", "bytes", "seconds"], "properties": {
-                    "link": {"type": "string"}, "bytes": {"type": "number", "exclusiveMinimum": 0},
-                    "seconds": {"type": "number", "exclusiveMinimum": 0}}}}}},
-                "responses": {"202": _any_json("accepted"), **_error_responses(400, 503)}}},
-            "/v1/openapi.json": {"get": {"summary": "this document", "responses": {"200": _any_json("OpenAPI")}}},
-            "/metrics": {"get": {"summary": "Prometheus exposition", "responses": {"200": {
-                "description": "metrics", "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
+            "/v1/events": {"get": {"summary": "event stream, one JSON object per line", "operationId": "events",
+                                   "responses": {"200": {"description": "events", "content": {
+                                       "application/x-ndjson": {"schema": {"type": "string"}}}}, **_errors()}}},
+            "/v1/irqs": {"get": {"summary": "IRQ plan and last cycle", "operationId": "irqs",
+                                 "responses": {"200": _json({"type": "object"}, "irqs"), **_errors()}}},
+            "/v1/links": {"get": {"summary": "expected vs measured links", "operationId": "links",
+                                  "responses": {"200": _json({"type": "object"}, "links"), **_errors()}}},
+            "/v1/telemetry": {"post": {"summary": "a job's observed transfer", "operationId": "telemetry",
+                                       "requestBody": _body(_ref("Telemetry"), True),
+                                       "responses": {"202": _json({"type": "object"}, "accepted"),
+                                                     **_errors(*body_errors)}}},
+            "/v1/openapi.json": {"get": {"summary": "this document", "operationId": "openapi",
+                                         "responses": {"200": _json({"type": "object"}, "OpenAPI 3.1"),
+                                                       **_errors()}}},
+            "/metrics": {"get": {"summary": "Prometheus exposition", "operationId": "metrics", "responses": {
+                "200": {"description": "metrics", "content": {"text/plain": {"schema": {"type": "string"}}}},
+                **_errors()}}},
         },
-        "components": {"schemas": {"Error": ERROR, "LeaseRequest": LEASE_REQUEST, "Lease": LEASE}},
+        "components": {"schemas": {
+            "Error": ERROR, "LeaseRequest": _lease_request(limits), "Lease": LEASE, "Placement": PLACEMENT,
+            "Decision": DECISION, "Health": HEALTH, "Telemetry": TELEMETRY,
+        }},
     }

@@ -1,15 +1,32 @@
-"""Who is calling: SO_PEERCRED on the Unix socket, and what that caller may do."""
+"""Who is calling: SO_PEERCRED on the Unix socket, and what that caller may do.
+
+Group membership comes from the name service (getpwuid + getgrouplist), which on HPC
+nodes is LDAP/SSSD and can block for seconds: it is looked up in a worker thread and
+cached per (uid, gid) for GROUP_CACHE_SECONDS, one lookup in flight per key.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import grp
 import os
 import pwd
 import socket
 import struct
+import time
 from dataclasses import dataclass
 
+from topod.errors import TopodError
+
 _UCRED = struct.Struct("3i")
+GROUP_CACHE_SECONDS = 60.0
+GROUP_CACHE_ENTRIES = 4096
+
+
+class PeerDeniedError(TopodError):
+    """The peer's credentials cannot be read (not a Unix socket, or the kernel refused)."""
+
+    code = "permission_denied"
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,15 +58,69 @@ def group_id(name: str | None) -> int | None:
 
 def caller_from(pid: int | None, uid: int, gid: int, allowed_group: int | None) -> Caller:
     """Root, the daemon's own user and members of the configured group may allocate;
-    administrative operations are root-only."""
+    administrative operations are root-only. Blocking: the async API uses caller_async."""
     may = uid == 0 or uid == os.getuid()
     if not may and allowed_group is not None:
         may = gid == allowed_group or allowed_group in _groups_of(uid, gid)
     return Caller(uid=uid, gid=gid, pid=pid, may_allocate=may, is_admin=uid == 0)
 
 
+async def caller_async(pid: int | None, uid: int, gid: int, allowed_group: int | None,
+                       cache: GroupCache | None = None) -> Caller:
+    """caller_from without blocking the loop: the group lookup runs in a thread, cached."""
+    may = uid == 0 or uid == os.getuid()
+    if not may and allowed_group is not None:
+        may = gid == allowed_group or allowed_group in await (cache or GROUPS).groups(uid, gid)
+    return Caller(uid=uid, gid=gid, pid=pid, may_allocate=may, is_admin=uid == 0)
+
+
+class GroupCache:
+    """(uid, gid) -> the groups of that user, for `ttl` seconds; misses run in a thread."""
+
+    def __init__(self, ttl: float = GROUP_CACHE_SECONDS, entries: int = GROUP_CACHE_ENTRIES,
+                 lookup=None, clock=time.monotonic) -> None:
+        self.ttl = ttl
+        self.entries = entries
+        self.lookup = lookup
+        self.clock = clock
+        self._cache: dict[tuple[int, int], tuple[float, frozenset[int]]] = {}
+        self._pending: dict[tuple[int, int], asyncio.Future] = {}
+        self.lookups = 0
+
+    async def groups(self, uid: int, gid: int) -> frozenset[int]:
+        key = (uid, gid)
+        hit = self._cache.get(key)
+        if hit is not None and self.clock() - hit[0] < self.ttl:
+            return hit[1]
+        # One lookup per key at a time, owned by no request: a caller that disconnects
+        # (and is cancelled) does not cancel the lookup others wait on.
+        task = self._pending.get(key)
+        if task is None:
+            task = asyncio.ensure_future(self._lookup(key))
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())  # never "unretrieved"
+            self._pending[key] = task
+        return await asyncio.shield(task)
+
+    async def _lookup(self, key: tuple[int, int]) -> frozenset[int]:
+        try:
+            self.lookups += 1
+            groups = frozenset(await asyncio.to_thread(self.lookup or _groups_of, *key))
+            if len(self._cache) >= self.entries:
+                self._cache.clear()
+            self._cache[key] = (self.clock(), groups)
+            return groups
+        finally:
+            self._pending.pop(key, None)
+
+    def clear(self) -> None:
+        self._cache.clear()
+
+
+GROUPS = GroupCache()
+
+
 def _groups_of(uid: int, gid: int) -> list[int]:
     try:
         return os.getgrouplist(pwd.getpwuid(uid).pw_name, gid)
-    except KeyError:
+    except (KeyError, OSError):  # unknown user, or the name service failed: only the primary group
         return [gid]

@@ -1,22 +1,36 @@
 """The API server: aiohttp routes over a Unix socket, JSON in and out, errors as
-{"code", "message"} with fitting status codes."""
+{"code", "message"} with fitting status codes.
+
+Request bodies go through topod.api.body (size, charset, depth, finite numbers, clean
+strings) before any endpoint sees them. An unexpected exception is a 500
+`internal_error` whose body carries a short request id; the traceback goes to the log
+under that id, never to the client.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
+import traceback
+import uuid
 from typing import Any, Protocol
 
+import structlog
 from aiohttp import web
 
-from topod.api.peer import caller_from, peer_credentials
-from topod.alloc.errors import InvalidRequestError
-from topod.errors import InvalidJsonError, TopodError
+from topod.alloc.request import RequestLimits, validate_renew_body
+from topod.api.body import DEFAULT_MAX_BYTES, PayloadTooLargeError, parse_body
+from topod.api.peer import PeerDeniedError, caller_async, peer_credentials
+from topod.errors import TopodError
+
+log = structlog.get_logger("topod")
 
 STATUS_OF_CODE = {
     "invalid_request": 400,
     "invalid_json": 400,
     "unknown_gpu": 400,
+    "invalid_telemetry": 400,
     "permission_denied": 403,
     "lease_not_found": 404,
     "not_found": 404,
@@ -26,10 +40,18 @@ STATUS_OF_CODE = {
     "level_unreachable": 409,
     "gpu_already_leased": 409,
     "wait_timeout": 409,
+    "payload_too_large": 413,
+    "unsupported_media_type": 415,
     "queue_full": 429,
-    "invalid_telemetry": 400,
+    "internal_error": 500,
     "unavailable": 503,
+    "too_many_connections": 503,
 }
+# A code not listed above is a fault of ours (a state write failed, a host file vanished):
+# 500, never a 400 that blames the client.
+UNKNOWN_CODE_STATUS = 500
+HTTP_CODES = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed", 413: "payload_too_large",
+              415: "unsupported_media_type"}
 
 
 class Backend(Protocol):
@@ -47,8 +69,49 @@ class Backend(Protocol):
     def lease_json(self, lease) -> dict: ...
 
 
-def error_response(code: str, message: str, status: int | None = None) -> web.Response:
-    return web.json_response({"code": code, "message": message}, status=status or STATUS_OF_CODE.get(code, 400))
+def dumps(value: Any) -> str:
+    """Strict JSON out: a NaN or Infinity in a response (a loop that never ran, a value
+    from an older state file) becomes null, so every response parses as JSON."""
+    try:
+        return json.dumps(value, allow_nan=False)
+    except ValueError:
+        return json.dumps(_finite(value), allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
+
+
+def json_response(data: Any, status: int = 200, headers: dict | None = None) -> web.Response:
+    return web.json_response(data, status=status, headers=headers, dumps=dumps)
+
+
+def status_of(code: str) -> int:
+    return STATUS_OF_CODE.get(code, UNKNOWN_CODE_STATUS)
+
+
+def error_response(code: str, message: str, status: int | None = None, headers: dict | None = None,
+                   **extra: Any) -> web.Response:
+    return json_response({"code": code, "message": message, **extra}, status=status or status_of(code),
+                         headers=headers)
+
+
+def internal_error(request: web.Request, exc: BaseException, code: str = "internal_error",
+                   message: str = "internal error") -> web.Response:
+    """A 500: the client gets the code and a request id, the log the traceback under it.
+    The traceback is a field of its own, so every renderer (console, JSON, journal) keeps it."""
+    request_id = uuid.uuid4().hex[:12]
+    log.error("request_failed", request_id=request_id, method=request.method, path=request.path,
+              code=code, error=f"{type(exc).__name__}: {exc}",
+              traceback="".join(traceback.format_exception(exc)))
+    return error_response(code, f"{message} (request id {request_id}); the daemon log has the details", 500,
+                          request_id=request_id)
 
 
 @web.middleware
@@ -56,34 +119,71 @@ async def errors_as_json(request: web.Request, handler):
     try:
         return await handler(request)
     except TopodError as exc:
-        return error_response(exc.code, str(exc))
+        status = status_of(exc.code)
+        if status == 500:  # our fault (an unknown code included): log it, keep its code and message
+            return internal_error(request, exc, exc.code, str(exc))
+        return error_response(exc.code, str(exc), status)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status, "http_error")
-        return error_response(code, exc.reason or str(exc), exc.status)
+        code = HTTP_CODES.get(exc.status, "http_error")
+        allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+        return error_response(code, exc.reason or str(exc), exc.status, headers=allow)
+    except PermissionError as exc:  # reading the peer's credentials, or a file the daemon may not touch
+        return error_response("permission_denied", f"permission denied: {exc.strerror or exc}", 403)
+    except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as exc:  # noqa: BLE001 - the one place that turns faults into a 500
+        return internal_error(request, exc)
 
 
-def caller(request: web.Request):
+async def caller(request: web.Request):
     backend: Backend = request.app["backend"]
-    pid, uid, gid = peer_credentials(request.transport.get_extra_info("socket") if request.transport else None)
-    return caller_from(pid, uid, gid, backend.allowed_group)
+    try:
+        pid, uid, gid = peer_credentials(request.transport.get_extra_info("socket") if request.transport else None)
+    except (PermissionError, OSError) as exc:
+        raise PeerDeniedError(f"cannot identify the caller: {exc}") from None
+    return await caller_async(pid, uid, gid, backend.allowed_group)
+
+
+def request_limits(backend: Backend) -> RequestLimits:
+    limits = getattr(getattr(backend, "alloc", None), "limits", None)
+    return limits if isinstance(limits, RequestLimits) else RequestLimits()
+
+
+def max_body_bytes(backend: Backend) -> int:
+    config = getattr(backend, "config", None)
+    try:
+        return int(config.get("api", "max_body_bytes"))
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return DEFAULT_MAX_BYTES
+
+
+async def read_body(request: web.Request, limit: int) -> bytes:
+    """The raw body, refused as soon as it is known to exceed `limit` bytes."""
+    if request.content_length is not None and request.content_length > limit:
+        raise PayloadTooLargeError(f"request body is {request.content_length} bytes; at most {limit} "
+                                   "([api] max_body_bytes)")
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := await request.content.readany():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLargeError(f"request body is over {limit} bytes ([api] max_body_bytes)")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 async def read_json(request: web.Request, *, optional: bool = False) -> Any:
-    text = await request.text()
-    if not text.strip():
-        if optional:
-            return {}
-        raise InvalidJsonError("request body is empty; expected a JSON object")
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InvalidJsonError(f"request body is not JSON: {exc}") from None
+    limit = max_body_bytes(request.app["backend"])
+    raw = await read_body(request, limit)
+    return parse_body(raw, charset=request.charset, max_bytes=limit, optional=optional)
 
 
 def routes(backend: Backend) -> web.Application:
-    app = web.Application(middlewares=[errors_as_json], client_max_size=1024 * 1024)
+    # read_body enforces [api] max_body_bytes per request (it follows a reload); this is
+    # only aiohttp's own ceiling for request.read(), which nothing here calls.
+    app = web.Application(middlewares=[errors_as_json], client_max_size=64 * 1024 * 1024)
     app["backend"] = backend
     app.add_routes([
         web.get("/v1/health", health),
@@ -105,51 +205,56 @@ def routes(backend: Backend) -> web.Application:
 
 
 async def health(request: web.Request) -> web.Response:
-    return web.json_response(request.app["backend"].health())
+    return json_response(request.app["backend"].health())
 
 
 async def topology(request: web.Request) -> web.Response:
-    return web.json_response(request.app["backend"].topology_json())
+    return json_response(request.app["backend"].topology_json())
 
 
 async def list_leases(request: web.Request) -> web.Response:
     backend = request.app["backend"]
-    return web.json_response({"leases": [backend.lease_json(lease) for lease in backend.alloc.leases()]})
+    return json_response({"leases": [backend.lease_json(lease) for lease in backend.alloc.leases()]})
 
 
 async def create_lease(request: web.Request) -> web.Response:
     backend = request.app["backend"]
-    who = caller(request)
+    who = await caller(request)
     body = await read_json(request)
-    lease = await backend.alloc.allocate(body, who)
-    return web.json_response(backend.lease_json(lease), status=201)
+    # A queued request belongs to its connection: the service grants only while it is open.
+    lease = await backend.alloc.allocate(body, who, connected=lambda: _connected(request))
+    return json_response(backend.lease_json(lease), status=201)
+
+
+def _connected(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is not None and not transport.is_closing()
 
 
 async def get_lease(request: web.Request) -> web.Response:
     backend = request.app["backend"]
-    return web.json_response(backend.lease_json(backend.alloc.get(request.match_info["id"])))
+    return json_response(backend.lease_json(backend.alloc.get(request.match_info["id"])))
 
 
 async def delete_lease(request: web.Request) -> web.Response:
     backend = request.app["backend"]
-    lease = backend.alloc.release(request.match_info["id"], caller(request))
-    return web.json_response({"released": lease.id, "gpus": list(lease.gpus)})
+    lease = await backend.alloc.release(request.match_info["id"], await caller(request))
+    return json_response({"released": lease.id, "gpus": list(lease.gpus)})
 
 
 async def renew_lease(request: web.Request) -> web.Response:
     backend = request.app["backend"]
-    who = caller(request)
+    who = await caller(request)
     body = await read_json(request, optional=True)
-    if not isinstance(body, dict) or set(body) - {"ttl_seconds"}:
-        raise InvalidRequestError("body", "renew takes an object with at most 'ttl_seconds'")
-    lease = backend.alloc.renew(request.match_info["id"], who, body.get("ttl_seconds"))
-    return web.json_response(backend.lease_json(lease))
+    ttl = validate_renew_body(body, request_limits(backend))
+    lease = await backend.alloc.renew(request.match_info["id"], who, ttl)
+    return json_response(backend.lease_json(lease))
 
 
 async def revoke_lease(request: web.Request) -> web.Response:
     backend = request.app["backend"]
-    lease = backend.alloc.revoke(request.match_info["id"], caller(request))
-    return web.json_response({"revoked": lease.id, "gpus": list(lease.gpus)})
+    lease = await backend.alloc.revoke(request.match_info["id"], await caller(request))
+    return json_response({"revoked": lease.id, "gpus": list(lease.gpus)})
 
 
 async def events(request: web.Request) -> web.StreamResponse:
@@ -158,37 +263,53 @@ async def events(request: web.Request) -> web.StreamResponse:
     await response.prepare(request)
     queue = bus.subscribe()
     try:
-        await response.write(json.dumps({"event": "subscribed"}).encode() + b"\n")
+        await response.write(_event_line({"event": "subscribed"}))
         while True:
             try:
                 record = await asyncio.wait_for(queue.get(), timeout=15.0)
             except TimeoutError:
                 record = {"event": "heartbeat"}
-            await response.write(json.dumps(record, default=str).encode() + b"\n")
-    except (ConnectionResetError, asyncio.CancelledError):
-        pass
+            await response.write(_event_line(record))
+    except ConnectionResetError:
+        pass  # the client went away; a cancellation (shutdown, disconnect) propagates
     finally:
         bus.unsubscribe(queue)
     return response
 
 
+def _event_line(record: dict) -> bytes:
+    try:
+        return json.dumps(record, default=str, allow_nan=False).encode() + b"\n"
+    except ValueError:  # a non-finite number: null, as in every response
+        return json.dumps(_finite(record), default=str, allow_nan=False).encode() + b"\n"
+
+
 async def irqs(request: web.Request) -> web.Response:
-    return web.json_response(request.app["backend"].irq_report())
+    return json_response(request.app["backend"].irq_report())
 
 
 async def links(request: web.Request) -> web.Response:
-    return web.json_response(request.app["backend"].links_report())
+    return json_response(request.app["backend"].links_report())
+
+
+MAX_TELEMETRY_BYTES = 2**63 - 1
 
 
 async def telemetry(request: web.Request) -> web.Response:
     body = await read_json(request)
-    return web.json_response(request.app["backend"].telemetry(body), status=202)
+    moved = body.get("bytes") if isinstance(body, dict) else None
+    if isinstance(moved, int) and not isinstance(moved, bool) and moved > MAX_TELEMETRY_BYTES:
+        from topod.probe.linkstate import TelemetryError
+
+        raise TelemetryError(f"telemetry: bytes must be <= {MAX_TELEMETRY_BYTES}")
+    return json_response(request.app["backend"].telemetry(body), status=202)
 
 
 async def openapi(request: web.Request) -> web.Response:
     from topod.api.openapi import openapi_document
 
-    return web.json_response(openapi_document())
+    backend = request.app["backend"]
+    return json_response(openapi_document(request_limits(backend), max_body_bytes=max_body_bytes(backend)))
 
 
 async def metrics(request: web.Request) -> web.Response:

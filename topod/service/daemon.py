@@ -18,6 +18,7 @@ from typing import Any
 import structlog
 
 from topod import __version__
+from topod.alloc.request import parse_pid_max
 from topod.api.peer import group_id
 from topod.config import Config, cpus, load_config
 from topod.errors import ConfigError, TopodError, UnavailableError
@@ -59,7 +60,8 @@ class Daemon:
         self.state = HostState(discover_checked(self.host))
         self.allowed_group = group_id(config.get("daemon", "group"))
         self.store = LeaseStore(config.get("daemon", "state_dir"))
-        self.alloc = LeaseService(self.state, self.store, self.bus, config.section("alloc"), self._reserved_cpus())
+        self.alloc = LeaseService(self.state, self.store, self.bus, config.section("alloc"), self._reserved_cpus(),
+                                  pid_max=parse_pid_max(self.host.read("proc/sys/kernel/pid_max")))
         self.alloc.extra_environment = self._lease_nccl_environment
         self.alloc.prepare_files = self._write_lease_nccl_topology
         self.alloc.on_lease_end = self._remove_lease_files

@@ -21,7 +21,7 @@ import structlog
 
 from topod.alloc.errors import InvalidRequestError
 from topod.alloc.policy import PolicySettings, effective_priority
-from topod.alloc.request import FreeState, RequestLimits, ServiceRequest
+from topod.alloc.request import PID_MAX_LIMIT, FreeState, RequestLimits, ServiceRequest
 from topod.api.peer import Caller
 from topod.cpulist import format_cpulist
 from topod.errors import AllocationError, TopodError
@@ -68,7 +68,8 @@ def _always_connected() -> bool:
 
 class LeaseService:
     def __init__(self, state: HostState, store: LeaseStore, bus: EventBus, settings: dict[str, Any],
-                 reserved_cpus: set[int], clock: Callable[[], float] = time.time) -> None:
+                 reserved_cpus: set[int], clock: Callable[[], float] = time.time, pid_max: int = PID_MAX_LIMIT) -> None:
+        self.pid_max = pid_max
         self.state = state
         self.store = store
         self.bus = bus
@@ -95,7 +96,8 @@ class LeaseService:
         fields = PolicySettings.__dataclass_fields__
         self.policy = PolicySettings(**{k: v for k, v in self.settings.items() if k in fields})
         self.limits = RequestLimits(max_wait_seconds=float(self.settings["max_wait_seconds"]),
-                                    max_ttl_seconds=float(self.settings["renew_max_ttl_seconds"]))
+                                    max_ttl_seconds=float(self.settings["renew_max_ttl_seconds"]),
+                                    pid_max=self.pid_max)
 
     # -- views ----------------------------------------------------------------
     @property

@@ -122,6 +122,8 @@ class ConnectionGate:
         self.accept_failures = 0  # since start
         self._burst = 0  # failures in the current burst (0: none in progress)
         self._burst_started = 0.0
+        self._burst_logged = False
+        self._last_failure_log = -1e9
         self._last_refusal_log = -1e9
 
     @property
@@ -148,17 +150,26 @@ class ConnectionGate:
     def accepted(self) -> None:
         """An accept() succeeded: a burst of failures, if any, is over."""
         if self._burst:
-            log.info("accept_recovered", failures=self._burst, seconds=round(self.clock() - self._burst_started, 3),
-                     accept_failures_total=self.accept_failures, active=self.active)
+            if self._burst_logged:
+                log.info("accept_recovered", failures=self._burst,
+                         seconds=round(self.clock() - self._burst_started, 3),
+                         accept_failures_total=self.accept_failures, active=self.active)
             self._burst = 0
 
     def accept_failed(self, exc: BaseException | None) -> None:
+        """asyncio stops accepting for a second after each failure and retries; under a
+        flood bursts follow each other, so at most one burst is logged per 10 s."""
         self.accept_failures += 1
         if not self._burst:
-            self._burst_started = self.clock()
-            log.warning("accept_failed", error=_errno_name(exc), active=self.active,
-                        max_connections=self.ceiling, descriptor_limit=self.nofile,
-                        note="retrying every second; logged once per burst")
+            now = self.clock()
+            self._burst_started = now
+            self._burst_logged = now - self._last_failure_log >= 10.0
+            if self._burst_logged:
+                self._last_failure_log = now
+                log.warning("accept_failed", error=_errno_name(exc), active=self.active,
+                            max_connections=self.ceiling, descriptor_limit=self.nofile,
+                            accept_failures_total=self.accept_failures,
+                            note="asyncio retries every second; logged at most once per 10 s")
         self._burst += 1
 
     def exception_handler(self, previous):
@@ -188,17 +199,26 @@ REFUSAL = refusal("too_many_connections", "the daemon serves its maximum of conc
                                           "([api] max_connections); retry shortly")
 
 
+REFUSAL_LINGER_SECONDS = 0.5
+
+
 class GatedRequestHandler(RequestHandler):
     """aiohttp's connection protocol, counted by a ConnectionGate: one over the limit
-    gets a 503 and is closed before any of its bytes are parsed."""
+    gets a 503 and is closed without any of its bytes being parsed. The close lingers
+    until the client's EOF (at most REFUSAL_LINGER_SECONDS), reading and dropping what it
+    sends: closing with unread input would reset the connection before the client has
+    read the 503."""
 
-    __slots__ = ("_gate", "_admitted")
+    __slots__ = ("_gate", "_admitted", "_refused")
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._admitted = self._gate.admit()
         if not self._admitted:
+            self._refused = transport
             transport.write(REFUSAL)  # type: ignore[attr-defined]
-            transport.close()
+            if transport.can_write_eof():  # type: ignore[attr-defined]
+                transport.write_eof()  # type: ignore[attr-defined]
+            asyncio.get_running_loop().call_later(REFUSAL_LINGER_SECONDS, transport.close)
             return
         super().connection_made(transport)
 
@@ -213,9 +233,12 @@ class GatedRequestHandler(RequestHandler):
         if self._admitted:
             super().data_received(data)
 
-    def eof_received(self) -> None:
+    def eof_received(self) -> bool | None:
         if self._admitted:
-            super().eof_received()
+            return super().eof_received()
+        if self._refused is not None:
+            self._refused.close()
+        return False
 
 
 class GatedSockSite(web.SockSite):
@@ -231,6 +254,7 @@ class GatedSockSite(web.SockSite):
         handler = GatedRequestHandler(self._runner.server, loop=asyncio.get_running_loop(), **self.handler_kwargs)
         handler._gate = self.gate
         handler._admitted = False
+        handler._refused = None
         return handler
 
     async def start(self) -> None:
