@@ -63,6 +63,7 @@ SCHEMA: dict[str, dict[str, tuple[object, object]]] = {
         # The balancer's keys take their defaults from topod.irq.settings (one place).
         "mode": (str, IRQ_DEFAULTS["mode"]),
         "interval_seconds": (float, 10.0),
+        "allow_in_container": (bool, False),
         "banned_cpus": ("cpulist", IRQ_DEFAULTS["banned_cpus"]),
         "housekeeping_cpus": ("cpulist", IRQ_DEFAULTS["housekeeping_cpus"]),
         "irqbalance": (str, IRQ_DEFAULTS["irqbalance"]),

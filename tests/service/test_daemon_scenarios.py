@@ -234,3 +234,32 @@ def test_on_the_live_root_the_hotplug_source_is_udev(daemon_factory, tmp_path):
     hotplug = _wait_until(lambda: (h := client.health()["hotplug"])["mode"] != "starting" and h)
     assert hotplug["active"] is True and hotplug["mode"].startswith("udev: watching"), hotplug
     assert client.request("GET", "/v1/irqs")["mode"] == "off"
+
+
+def test_in_a_container_continuous_irq_balancing_only_plans(daemon_factory, host_tree):
+    root = host_tree("h800-8gpu")
+    (root / "run/systemd").mkdir(parents=True, exist_ok=True)
+    (root / "run/systemd/container").write_text("systemd-nspawn\n")
+    before = {p.name: (p / "smp_affinity_list").read_text() for p in (root / "proc/irq").iterdir() if p.name.isdigit()}
+    daemon = daemon_factory(config='[irq]\nmode = "continuous"\ninterval_seconds = 0.5\n[probe]\nenabled = false\n',
+                            root=root)
+    client = daemon.start()
+    assert _wait_until(lambda: client.health()["irq"].get("cycles", 0) >= 2)
+    health = client.health()
+    assert health["container"] == "systemd-nspawn" and "allow_in_container" in health["irq"]["withheld"]
+    irqs = client.request("GET", "/v1/irqs")
+    assert irqs["mode"] == "dry-run" and "container" in irqs["withheld"]
+    after = {p.name: (p / "smp_affinity_list").read_text() for p in (root / "proc/irq").iterdir() if p.name.isdigit()}
+    assert after == before, "nothing written from inside a container"
+    assert "host_access" in daemon.log() and "plans IRQ affinity but writes nothing" in daemon.log()
+
+
+def test_a_container_that_allows_it_does_write(daemon_factory, host_tree):
+    root = host_tree("h800-8gpu")
+    (root / "run/systemd").mkdir(parents=True, exist_ok=True)
+    (root / "run/systemd/container").write_text("docker\n")
+    daemon = daemon_factory(config='[irq]\nmode = "continuous"\nallow_in_container = true\n'
+                                   '[probe]\nenabled = false\n', root=root)
+    client = daemon.start()
+    assert _wait_until(lambda: client.health()["irq"].get("moves_total", 0) > 0), client.health()["irq"]
+    assert client.health()["irq"]["withheld"] is None

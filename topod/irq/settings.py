@@ -20,8 +20,10 @@ POLICIES = ("spread", "pin-node", "leave")
 DEFAULT_POLICY = {"rdma": "spread", "nic": "spread", "nvme": "spread", "gpu": "pin-node", "other": "leave"}
 ENOSPC_ALTERNATIVES = 3
 # The [irq] keys IrqSettings reads, with their defaults (interval_seconds is the daemon's).
+# The built-in mode only plans: a live root is written only when a config says so (the
+# packaged etc/topod.toml does, for `make install`).
 DEFAULTS: Mapping[str, Any] = MappingProxyType({
-    "mode": "continuous",
+    "mode": "dry-run",
     "banned_cpus": "",
     "housekeeping_cpus": "",
     "irqbalance": "yield",

@@ -24,6 +24,7 @@ from topod.config import Config, cpus, load_config
 from topod.errors import ConfigError, TopodError, UnavailableError
 from topod.events import EventBus
 from topod.host import HostRoot
+from topod.service.container import detect_container
 from topod.service.hotplug import HotplugSource, discover_checked, udev_settings
 from topod.service.lease_store import LeaseStore
 from topod.service.leases import LeaseService
@@ -74,6 +75,8 @@ class Daemon:
         self.hotplug: HotplugSource | None = None
         self.api_address: str | None = None
         self._gpu_addresses = {gpu.address for gpu in self.state.topology.gpus}
+        self.container = detect_container(self.host)
+        self.irq_withheld: str | None = None
         self._load = NodeLoadSampler(self.host)
         self._tasks: asyncio.TaskGroup | None = None
         self._loops: dict[str, asyncio.Task] = {}
@@ -176,7 +179,9 @@ class Daemon:
             "gpus_free": self.alloc.free_gpus(),
             "config_error": self.config_error,
             "hotplug": self.hotplug.to_json() if self.hotplug is not None else {"active": False, "mode": "starting"},
-            "irq": self.irq.health() if self.irq is not None else {"mode": "off"},
+            "irq": {**(self.irq.health() if self.irq is not None else {"mode": "off"}),
+                    "withheld": self.irq_withheld},
+            "container": self.container,
             "loops": self.supervisor.report(now),
             "commits": {"transactions": self.store.commits, "changes": self.store.changes},
         }
@@ -184,7 +189,10 @@ class Daemon:
     def irq_report(self) -> dict:
         if self.irq is None:
             return {"mode": "off", "reason": "IRQ balancing not enabled ([irq] mode = \"off\")"}
-        return self.irq.report()
+        report = self.irq.report()
+        if self.irq_withheld:
+            report = {**report, "withheld": self.irq_withheld}
+        return report
 
     def links_report(self) -> dict:
         if self.probe is None:
@@ -208,6 +216,8 @@ class Daemon:
             parts.append(f"{len(self.alloc.waiters)} waiting")
         if self.irq is not None:
             parts.append(self.irq.status())
+        if self.irq_withheld:
+            parts.append(f"IRQ writes withheld: container {self.container}")
         degraded = self.supervisor.degraded_text()
         if degraded:
             parts.append(degraded)
@@ -267,6 +277,7 @@ class Daemon:
             metrics_runner = await serve_metrics_tcp(self, self.config.get("export", "metrics_tcp"))
         log.info("daemon_started", version=__version__, root=str(self.host.root), leases=len(self.alloc.leases()),
                  reclaimed=reclaimed, gpus=len(self.state.topology.gpus), warnings=len(self.state.topology.warnings))
+        log.info("host_access", summary=self.access_summary())
         try:
             async with asyncio.TaskGroup() as tasks:
                 self._tasks = tasks
@@ -294,6 +305,17 @@ class Daemon:
                 self.probe.close()
             await asyncio.to_thread(self.store.close)
             log.info("daemon_stopped")
+
+    def access_summary(self) -> str:
+        """One line: what this daemon will and will not touch on its root."""
+        section = self.irq_section()
+        irq = {"continuous": f"writes {self.host.root}/proc/irq affinity",
+               "dry-run": "plans IRQ affinity but writes nothing", "off": "leaves IRQs alone"}[section["mode"]]
+        if self.irq_withheld:
+            irq += f" ({self.irq_withheld})"
+        probe = "probes links" if self.config.get("probe", "enabled") else "no link probes"
+        return (f"root {self.host.root} ({'live host' if self.host.is_live else 'captured tree'}): {irq}; {probe}; "
+                f"leases in {self.store.path}; API on {self.api_address}")
 
     def stop(self) -> None:
         self._stop.set()
@@ -418,12 +440,23 @@ class Daemon:
     async def _irq_loop(self) -> None:
         from topod.service.irq_task import IrqTask
 
-        section = self.config.section("irq")
+        section = self.irq_section()
         interval = float(section["interval_seconds"])
         self.irq = task = IrqTask.from_section(
             self.host, section, topology=lambda: self.state.topology, leased_cpus=self.alloc.leased_cpus,
             publish=self.bus.publish, request_rescan=self.request_rescan)
         await self._supervised("irq", lambda: task.iteration(interval), self._deadline(interval))
+
+    def irq_section(self) -> dict:
+        """[irq] as the balancer gets it: in a container, continuous acts as dry-run unless
+        allow_in_container says otherwise (the host's IRQs are not the container's)."""
+        section = self.config.section("irq")
+        self.irq_withheld = None
+        if section["mode"] == "continuous" and self.container and not section["allow_in_container"]:
+            section["mode"] = "dry-run"
+            self.irq_withheld = (f"running in a container ({self.container}): IRQ affinity is planned, not written; "
+                                 "set [irq] allow_in_container = true to write it")
+        return section
 
     async def _probe_loop(self) -> None:
         from topod.service.probe_task import ProbeTask
