@@ -44,6 +44,7 @@ SCHEMA: dict[str, dict[str, tuple[object, object]]] = {
     "alloc": {
         "reserved_cpus": ("cpulist", ""),
         "reserved_cpus_per_node": (int, 0),
+        "cpus_per_gpu": ("cpus_per_gpu", "auto"),
         "default_level": (str, "good"),
         "aging_seconds": (float, _POLICY.aging_seconds),
         "max_aging_boost": (float, _POLICY.max_aging_boost),
@@ -193,7 +194,10 @@ def _validate(section: str, key: str, value: Any) -> Any:
     if key not in SCHEMA[section]:
         raise ConfigError(f"{where}: unknown key (known: {', '.join(SCHEMA[section])})")
     kind, _ = SCHEMA[section][key]
-    if kind == "cpulist":
+    if kind == "cpus_per_gpu":
+        if value != "auto" and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise ConfigError(f"{where}: expected \"auto\" or a whole number of CPUs >= 0, got {value!r}")
+    elif kind == "cpulist":
         if not isinstance(value, str):
             raise ConfigError(f"{where}: expected a CPU list string like \"0-3,8\"")
         try:

@@ -263,3 +263,13 @@ def test_a_container_that_allows_it_does_write(daemon_factory, host_tree):
     client = daemon.start()
     assert _wait_until(lambda: client.health()["irq"].get("moves_total", 0) > 0), client.health()["irq"]
     assert client.health()["irq"]["withheld"] is None
+
+
+def test_a_lease_pins_cpus_by_default(scenario):
+    s = scenario()
+    lease = s.allocate(2)
+    assert len(lease["cpus"]) == 12, "two GPUs x their node's fair share (3 cores, 6 CPUs)"
+    assert all(len(p["cpus"]) == 6 for p in lease["placements"])
+    gpu_cpus = lease["environment"]["TOPOD_GPU_CPUS"]
+    assert all(part.split(":")[1] for part in gpu_cpus.split(";")), gpu_cpus
+    s.check()

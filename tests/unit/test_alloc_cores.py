@@ -119,3 +119,33 @@ def test_zero_cpus_per_gpu_gives_no_cpus(h800):
     topology, distances = h800
     decision = allocate(topology, distances, FreeState(), Request(gpus=2))
     assert all(cpus == () for cpus in decision.cpus.values())
+
+
+def test_auto_gives_each_gpu_its_nodes_fair_share_of_whole_cores(h800):
+    topology, distances = h800
+    decision = allocate(topology, distances, FreeState(), Request(gpus=4, level="good", cpus_per_gpu="auto"))
+    # 16 cores per node, one left to the system, 4 GPUs per node: 3 cores = 6 CPUs each
+    assert {gpu: len(cpus) for gpu, cpus in decision.cpus.items()} == {g: 6 for g in decision.gpus}
+    node_of = {cpu.id: cpu.numa_node for cpu in topology.cpus}
+    gpu_node = {gpu.index: gpu.numa_node for gpu in topology.gpus}
+    assert all(node_of[c] == gpu_node[g] for g, cpus in decision.cpus.items() for c in cpus)
+    assert any("auto" in reason for reason in decision.reasons)
+
+
+def test_auto_share_leaves_reserved_cpus_out_and_does_not_shrink_with_leases(h800):
+    from topod.alloc.cores import fair_share
+
+    topology, _ = h800
+    node0 = sorted(topology.numa_nodes[0].cpus)
+    reserved = {c for c in node0 if _core(c) < 4}  # four whole cores of node 0
+    assert fair_share(topology, set()) == {0: 6, 1: 6}
+    assert fair_share(topology, reserved) == {0: 4, 1: 6}, "(12 - 1) // 4 = 2 cores on node 0"
+
+
+def test_auto_on_a_full_node_is_insufficient_cpus_not_a_silent_unpinned_lease(h800):
+    topology, distances = h800
+    node0 = set(topology.numa_nodes[0].cpus)
+    busy = frozenset(sorted(node0)[:-4])  # leave two cores: less than one GPU's share
+    with pytest.raises(InsufficientCpusError):
+        allocate(topology, distances, FreeState(busy_cpus=busy, busy_gpus=frozenset(range(4, 8))),
+                 Request(gpus=1, level="good", cpus_per_gpu="auto"))

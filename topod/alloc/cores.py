@@ -15,16 +15,53 @@ Rules, in order:
 - Not enough near cores: 'insufficient_cpus' at levels best and good. At level 'any'
   the GPU gets cores from the nearest node by SLIT distance that has them (ties: lower
   node id), and the decision marks cpu_fallback with the node used.
+- cpus_per_gpu "auto" (the daemon's default): each GPU gets its node's fair share, the
+  node's usable whole cores (not reserved, isolated or nohz_full; leases do not count,
+  so the share does not shrink as the node fills) less one core left for the system,
+  divided by the node's GPUs, at least one core (fair_share).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from topod.alloc.errors import InsufficientCpusError
 from topod.model import Cpu, Gpu, Topology
 
 Core = tuple[int, ...]
+# Logical CPUs per GPU: one number for every node, or per node (the "auto" fair share).
+PerGpu = int | Mapping[int, int]
+
+
+def need(per_gpu: PerGpu, node: int | None) -> int:
+    if isinstance(per_gpu, int):
+        return per_gpu
+    return per_gpu.get(node, 0) if node is not None else 0
+
+
+def wants_cpus(per_gpu: PerGpu) -> bool:
+    return bool(per_gpu) if not isinstance(per_gpu, int) else per_gpu > 0
+
+
+def fair_share(topology: Topology, reserved: set[int]) -> dict[int, int]:
+    """node -> logical CPUs per GPU under "auto" (see the module doc); nodes without GPUs
+    are absent."""
+    gpus: dict[int, int] = {}
+    for gpu in topology.gpus:
+        if gpu.numa_node is not None:
+            gpus[gpu.numa_node] = gpus.get(gpu.numa_node, 0) + 1
+    share: dict[int, int] = {}
+    for node, cores in node_cores(topology, set(reserved)).items():
+        if node not in gpus:
+            continue
+        usable = [core for core in cores.all_cores if core in cores.usable]
+        if not usable:
+            continue
+        per_gpu_cores = max(1, (len(usable) - 1) // gpus[node])
+        threads = max(len(core) for core in usable)
+        share[node] = per_gpu_cores * threads
+    return share
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,26 +101,30 @@ def _usable(cpu: Cpu | None, excluded: set[int]) -> bool:
     return cpu is not None and cpu.online and not cpu.isolated and not cpu.nohz_full and cpu.id not in excluded
 
 
-def node_capacity(topology: Topology, excluded: set[int], cpus_per_gpu: int) -> dict[int, int]:
+def node_capacity(topology: Topology, excluded: set[int], cpus_per_gpu: PerGpu) -> dict[int, int]:
     """node -> how many GPUs its free cores can serve at cpus_per_gpu (the search's CPU
     constraint; nodes absent serve none)."""
-    if cpus_per_gpu <= 0:
+    if not wants_cpus(cpus_per_gpu):
         return {}
     capacity: dict[int, int] = {}
     for node, cores in node_cores(topology, excluded).items():
+        wanted = need(cpus_per_gpu, node)
+        if wanted <= 0:
+            capacity[node] = 0
+            continue
         served, have = 0, 0
         for core in cores.all_cores:
             if core in cores.usable:
                 have += len(core)
-                if have >= cpus_per_gpu:
+                if have >= wanted:
                     served, have = served + 1, 0
         capacity[node] = served
     return capacity
 
 
-def assign_cpus(topology: Topology, gpus: list[Gpu], cpus_per_gpu: int, excluded: set[int],
+def assign_cpus(topology: Topology, gpus: list[Gpu], per_gpu: PerGpu, excluded: set[int],
                 allow_fallback: bool) -> CoreChoice:
-    if cpus_per_gpu <= 0:
+    if not wants_cpus(per_gpu):
         return CoreChoice({g.index: () for g in gpus}, {g.index: g.numa_node for g in gpus}, False, ())
     cores = node_cores(topology, excluded)
     taken: set[Core] = set()
@@ -91,7 +132,11 @@ def assign_cpus(topology: Topology, gpus: list[Gpu], cpus_per_gpu: int, excluded
     where: dict[int, int | None] = {}
     reasons: list[str] = []
     fallback = False
+    wanted_sizes: set[int] = set()
     for gpu in sorted(gpus, key=lambda g: g.index):
+        cpus_per_gpu = need(per_gpu, gpu.numa_node) or max(per_gpu.values()) if not isinstance(per_gpu, int) \
+            else per_gpu
+        wanted_sizes.add(cpus_per_gpu)
         local = set(topology.device(gpu.address).local_cpus) if topology.device(gpu.address) else set()
         picked = _pick(cores.get(gpu.numa_node), taken, cpus_per_gpu, local, reasons, gpu.index) \
             if gpu.numa_node is not None else None
@@ -117,9 +162,13 @@ def assign_cpus(topology: Topology, gpus: list[Gpu], cpus_per_gpu: int, excluded
         cpus[gpu.index] = tuple(sorted(c for core in picked for c in core))
         where[gpu.index] = node
     granted = {len(v) for v in cpus.values()}
-    if any(size > cpus_per_gpu for size in granted):
-        reasons.append(f"cpus_per_gpu {cpus_per_gpu} rounded up to whole physical cores "
-                       f"({', '.join(str(s) for s in sorted(granted))} CPUs per GPU)")
+    if isinstance(per_gpu, int):
+        if any(size > per_gpu for size in granted):
+            reasons.append(f"cpus_per_gpu {per_gpu} rounded up to whole physical cores "
+                           f"({', '.join(str(s) for s in sorted(granted))} CPUs per GPU)")
+    else:
+        reasons.append(f"cpus_per_gpu auto: each GPU's fair share of its node "
+                       f"({', '.join(str(s) for s in sorted(wanted_sizes))} CPUs per GPU)")
     return CoreChoice(cpus, where, fallback, tuple(reasons))
 
 

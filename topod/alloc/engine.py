@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from topod.alloc.cores import assign_cpus, node_capacity
+from topod.alloc.cores import assign_cpus, fair_share, node_capacity, wants_cpus
 from topod.alloc.errors import (InsufficientCpusError, InsufficientGpusError, InvalidRequestError,
                                 LevelUnreachableError, UnknownGpuError)
 from topod.alloc.estimate import weakest
@@ -87,9 +87,11 @@ def allocate(topology: Topology, distances: DistanceModel, state: FreeState, req
     unary = {p: (DELTA_FRAG + scale) * phi[p] for p in free}
     max_nodes = limit if request.level in ("best", "good") else None
     excluded = set(state.busy_cpus) | set(state.reserved_cpus)
+    per_gpu = fair_share(topology, set(state.reserved_cpus)) if request.cpus_per_gpu == "auto" \
+        else request.cpus_per_gpu
     node_cap = None
-    if request.cpus_per_gpu > 0:
-        capacity = node_capacity(topology, excluded, request.cpus_per_gpu)
+    if wants_cpus(per_gpu):
+        capacity = node_capacity(topology, excluded, per_gpu)
         node_cap = {v: capacity.get(v, 0) for v in set(view.node)}
     result = _search(view, free, must, unary, node_cap, max_nodes, k, policy.search_budget)
     if result is None:
@@ -104,7 +106,7 @@ def allocate(topology: Topology, distances: DistanceModel, state: FreeState, req
         raise LevelUnreachableError(f"the cheapest free set of {k} GPUs costs {cost:.2f}; level 'best' needs "
                                     f"{ref_cost:.2f} (the host's minimum) within {limit} NUMA node(s)")
     gpus = [view.gpus[p] for p in members]
-    cores = assign_cpus(topology, gpus, request.cpus_per_gpu, excluded, allow_fallback=request.level == "any")
+    cores = assign_cpus(topology, gpus, per_gpu, excluded, allow_fallback=request.level == "any")
     reasons.extend(cores.reasons)
     reasons.insert(0, _summary(k, cost, ref_cost, level, len(nodes), limit))
     if not result.exact:
@@ -142,8 +144,9 @@ def _without_cpu_limit(view, free, must, unary, node_cap, max_nodes, k, policy, 
         raise LevelUnreachableError(f"no free set of {k} GPUs meets level '{request.level}': it needs the GPUs "
                                     f"within {limit} NUMA node(s)")
     if request.level != "any":
+        wanted = "its fair share of" if request.cpus_per_gpu == "auto" else str(request.cpus_per_gpu)
         raise InsufficientCpusError(f"no free set of {k} GPUs at level '{request.level}' has "
-                                    f"{request.cpus_per_gpu} free whole-core CPUs per GPU on each GPU's node")
+                                    f"{wanted} free whole-core CPUs per GPU on each GPU's node")
     return relaxed
 
 

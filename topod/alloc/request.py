@@ -34,7 +34,7 @@ class Request:
     must_include: tuple[int | str, ...] = ()  # GPU indices or PCI addresses
     level: str = "good"
     priority: int = 0
-    cpus_per_gpu: int = 0  # logical CPUs; rounded up to whole physical cores
+    cpus_per_gpu: int | str = 0  # logical CPUs, rounded up to whole cores; or "auto" (topod.alloc.cores)
     min_memory_mib: int = 0
     model: str | None = None  # case-insensitive substring of the GPU name
     preemptible: bool = False
@@ -65,7 +65,7 @@ class Request:
             must_include=must,
             level=level,
             priority=_integer(body, "priority", default=0, minimum=MIN_PRIORITY, maximum=MAX_PRIORITY),
-            cpus_per_gpu=_integer(body, "cpus_per_gpu", default=0, minimum=0, maximum=MAX_CPUS_PER_GPU),
+            cpus_per_gpu=_cpus_per_gpu(body),
             min_memory_mib=_integer(body, "min_memory_mib", default=0, minimum=0, maximum=MAX_MEMORY_MIB),
             model=_text(body, "model", MAX_MODEL_LENGTH),
             preemptible=preemptible,
@@ -78,6 +78,14 @@ class Request:
             "priority": self.priority, "cpus_per_gpu": self.cpus_per_gpu, "min_memory_mib": self.min_memory_mib,
             "model": self.model, "preemptible": self.preemptible, "job": self.job,
         }
+
+
+def _cpus_per_gpu(body: dict) -> int | str:
+    if body.get("cpus_per_gpu") == "auto":
+        return "auto"
+    if isinstance(body.get("cpus_per_gpu"), str):
+        raise InvalidRequestError("cpus_per_gpu", f"expected an integer or \"auto\", got {body['cpus_per_gpu']!r}"[:200])
+    return _integer(body, "cpus_per_gpu", default=0, minimum=0, maximum=MAX_CPUS_PER_GPU)
 
 
 def _kind(value: Any) -> str:

@@ -56,7 +56,10 @@ def _lease_request(limits: RequestLimits) -> dict:
             },
             "level": {"type": "string", "enum": list(LEVELS), "description": "default: [alloc] default_level"},
             "priority": {"type": "integer", "minimum": MIN_PRIORITY, "maximum": MAX_PRIORITY},
-            "cpus_per_gpu": {"type": "integer", "minimum": 0, "maximum": MAX_CPUS_PER_GPU},
+            "cpus_per_gpu": {"oneOf": [{"type": "integer", "minimum": 0, "maximum": MAX_CPUS_PER_GPU},
+                                       {"const": "auto"}],
+                             "description": "logical CPUs per GPU (whole cores); \"auto\": each GPU's fair share "
+                                            "of its node; default from [alloc] cpus_per_gpu (auto)"},
             "min_memory_mib": {"type": "integer", "minimum": 0, "maximum": MAX_MEMORY_MIB},
             "model": {"type": "string", "minLength": 1, "maxLength": MAX_MODEL_LENGTH, "pattern": TEXT_PATTERN,
                       "description": "case-insensitive substring of the GPU model name"},

@@ -135,7 +135,8 @@ class LeaseService:
         from topod.alloc.request import Request
 
         service, engine_body = ServiceRequest.split(body, self.limits)
-        engine_body.setdefault("level", self.settings.get("default_level", "good"))
+        engine_body.setdefault("level", self.settings["default_level"])
+        engine_body.setdefault("cpus_per_gpu", self.settings["cpus_per_gpu"])
         return service, Request.from_json(engine_body)
 
     def decide(self, request, waited: float = 0.0, ttl_seconds: float | None = None):
