@@ -273,3 +273,16 @@ def test_a_lease_pins_cpus_by_default(scenario):
     gpu_cpus = lease["environment"]["TOPOD_GPU_CPUS"]
     assert all(part.split(":")[1] for part in gpu_cpus.split(";")), gpu_cpus
     s.check()
+
+
+def test_every_refused_request_is_a_journal_event_with_its_reason(scenario):
+    from topod.client import ApiError
+
+    s = scenario()
+    with pytest.raises(ApiError) as refused:
+        s.client.allocate(9, job="too-big")
+    assert refused.value.code == "insufficient_gpus"
+    log = s.daemon.log()
+    line = next(l for l in log.splitlines() if "request_rejected" in l)
+    assert "code=insufficient_gpus" in line and "job=too-big" in line and "result=rejected" in line
+    s.check()

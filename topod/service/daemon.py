@@ -46,6 +46,7 @@ LIVENESS_TIMEOUT = 10.0
 LEASE_EVENTS = ("lease_granted", "lease_released", "lease_revoked")
 # Events that are more than information in the journal (PRIORITY= follows the level).
 EVENT_LEVELS = {"loop_failed": "error", "lease_degraded": "warning", "config_rejected": "error",
+                "request_rejected": "warning",
                 "irq_writes_impossible": "warning", "irq_move_failed": "warning"}
 
 

@@ -82,6 +82,7 @@ class LeaseService:
         # bucket counters go down between scrapes).
         self.decision_latency = LatencyHistogram()
         self.results: dict[str, int] = {}
+        self.outcomes: dict[tuple[str, str], int] = {}  # (result, reason) -> requests
         # The daemon may add per-lease files (an NCCL topology): environment() names
         # them, prepare_files() writes them in a worker thread before the answer.
         self.extra_environment: Callable[[Lease], dict[str, str]] | None = None
@@ -174,13 +175,13 @@ class LeaseService:
         return lease, commit
 
     def _granted(self, lease: Lease) -> None:
-        self._count("granted")
+        self._count("granted", lease.decision.level)
         self.bus.publish("lease_granted", lease=lease.id, gpus=list(lease.gpus), cpus=len(lease.cpus),
                          uid=lease.owner_uid, job=lease.job, level=lease.decision.level)
 
     def _grant_failed(self, lease: Lease, exc: BaseException) -> None:
         self.owner_watch.unwatch(lease.id)
-        self._count("failed")
+        self._count("failed", getattr(exc, "code", "error"))
         log.error("lease_not_stored", lease=lease.id, error=str(exc))
 
     def environment(self, lease: Lease) -> dict[str, str]:
@@ -205,22 +206,19 @@ class LeaseService:
 
     async def allocate(self, body: Any, caller: Caller, connected: Callable[[], bool] = _always_connected) -> Lease:
         if not caller.may_allocate:
-            self._count("denied")
-            raise PermissionDeniedError("only root and members of the topod group may allocate")
+            raise self._refuse("denied", PermissionDeniedError("only root and members of the topod group may allocate"),
+                               caller)
         try:
             service, request = self.parse(body)
-        except TopodError:
-            self._count("invalid")
-            raise
+        except TopodError as exc:
+            raise self._refuse("invalid", exc, caller) from None
         if service.owner_pid and not _process_exists(service.owner_pid):
-            self._count("invalid")
-            raise InvalidRequestError("owner_pid", f"no process {service.owner_pid}")
+            raise self._refuse("invalid", InvalidRequestError("owner_pid", f"no process {service.owner_pid}"), caller)
         try:
             decision = self.decide(request, ttl_seconds=service.ttl_seconds)
         except AllocationError as exc:
             if service.wait_seconds <= 0 or exc.code not in WAITABLE_CODES or not getattr(exc, "retryable", True):
-                self._count("rejected")
-                raise
+                raise self._refuse("rejected", exc, caller, gpus=request.gpus, job=request.job) from None
             return await self._wait(request, service, caller, connected)
         lease, commit = self._grant(request, decision, service, caller)
         return await self._deliver(lease, commit)
@@ -244,23 +242,24 @@ class LeaseService:
 
     async def _wait(self, request, service: ServiceRequest, caller: Caller, connected: Callable[[], bool]) -> Lease:
         if len(self.waiters) >= int(self.settings.get("max_queue", 256)):
-            self._count("queue_full")
-            raise QueueFullError(f"{len(self.waiters)} requests already waiting; try again later")
+            raise self._refuse("queue_full", QueueFullError(f"{len(self.waiters)} requests already waiting; "
+                                                            "try again later"), caller, gpus=request.gpus, job=request.job)
         waiter = Waiter(request, service, caller, self.clock(), asyncio.get_running_loop().create_future(), connected)
         self.waiters.append(waiter)
         self.bus.publish("request_queued", request=waiter.id, gpus=request.gpus, priority=request.priority,
-                         wait=service.wait_seconds)
+                         uid=caller.uid, job=request.job, wait=service.wait_seconds)
         self._maybe_preempt(waiter)
         try:
             lease, commit = await asyncio.wait_for(asyncio.shield(waiter.future), timeout=service.wait_seconds)
         except TimeoutError:
-            self._count("timeout")
-            raise WaitTimeoutError(f"no GPUs became available within {service.wait_seconds:g} s") from None
+            raise self._refuse("timeout", WaitTimeoutError(f"no GPUs became available within "
+                                                           f"{service.wait_seconds:g} s"), caller,
+                               gpus=request.gpus, job=request.job, request=waiter.id) from None
         except asyncio.CancelledError:
             # The client hung up. A grant made for it in the meantime is taken back.
             if waiter.future.done() and not waiter.future.cancelled():
                 self._take_back(waiter.future.result()[0])
-            self._count("abandoned")
+            self._count("abandoned", "client_disconnected")
             self.bus.publish("request_abandoned", request=waiter.id, reason="client disconnected")
             raise
         finally:
@@ -450,8 +449,19 @@ class LeaseService:
                 self._update(replace(lease, state=state, missing_gpus=()))
                 self.bus.publish("lease_restored", lease=lease.id, gpus=list(lease.gpus))
 
-    def _count(self, result: str) -> None:
+    def _refuse(self, result: str, error: TopodError, caller: Caller, **fields: Any) -> TopodError:
+        """Count a refused request and say so in the journal (`request_rejected`); returns
+        the error for the caller to raise."""
+        code = getattr(error, "code", "error")
+        self._count(result, code)
+        self.bus.publish("request_rejected", result=result, code=code, reason=str(error)[:300], uid=caller.uid,
+                         pid=caller.pid, **fields)
+        return error
+
+    def _count(self, result: str, reason: str = "") -> None:
         self.results[result] = self.results.get(result, 0) + 1
+        key = (result, reason)
+        self.outcomes[key] = self.outcomes.get(key, 0) + 1
 
 
 def _process_exists(pid: int) -> bool:

@@ -16,6 +16,8 @@ def metrics_snapshot(daemon) -> dict:
                    for lease in alloc.leases()],
         "decision_latency": alloc.decision_latency.to_snapshot(),
         "requests_by_result": dict(alloc.results),
+        "requests": [{"result": result, "reason": reason, "count": count}
+                     for (result, reason), count in sorted(alloc.outcomes.items())],
     }
     if daemon.irq is not None:
         snapshot["irq_moves"] = daemon.irq.moves_total
