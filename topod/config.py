@@ -35,6 +35,7 @@ SCHEMA: dict[str, dict[str, tuple[object, object]]] = {
         "group": (str, "topod"),
         "socket_mode": (str, "0660"),
         "rescan_interval_seconds": (float, 300.0),
+        "sqlite_synchronous": (str, "full"),
     },
     "api": {
         "max_connections": (int, 256),
@@ -116,6 +117,7 @@ CHOICES = {
     ("irq", "mode"): IRQ_MODES,
     ("irq", "irqbalance"): IRQBALANCE_CHOICES,
     ("udev", "source"): ("udev", "kernel"),
+    ("daemon", "sqlite_synchronous"): ("full", "normal"),
     ("log", "level"): ("debug", "info", "warning", "error"),
     ("log", "format"): ("auto", "console", "json", "journal"),
 }

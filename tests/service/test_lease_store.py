@@ -163,3 +163,27 @@ def test_a_closed_store_refuses_changes_clearly(tmp_path):
         assert store.get("b") is None and store.holder_of("0000:11:00.0") is None
 
     asyncio.run(scenario())
+
+
+def test_the_mirror_keeps_leased_cpus_through_adds_removes_and_undos(tmp_path):
+    store = LeaseStore(tmp_path)
+
+    async def scenario():
+        await store.add(make_lease("a", (0, 1)))
+        assert store.leased_cpus() == {0, 1, 2, 3}
+        _, commit = store.remove("a")
+        await commit
+        assert store.leased_cpus() == set()
+        db = sqlite3.connect(store.path)
+        db.execute("INSERT INTO leases VALUES ('ghost', '{}')")
+        db.execute("INSERT INTO lease_devices VALUES ('0000:12:00.0', 'ghost')")
+        db.commit()
+        db.close()
+        failing = store.add(make_lease("b", (2,)))
+        assert store.leased_cpus() == {4, 5}
+        with pytest.raises(LeaseConflictError):
+            await failing
+        assert store.leased_cpus() == set(), "undone with the lease"
+
+    asyncio.run(scenario())
+    store.close()

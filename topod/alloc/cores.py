@@ -44,7 +44,7 @@ def wants_cpus(per_gpu: PerGpu) -> bool:
     return bool(per_gpu) if not isinstance(per_gpu, int) else per_gpu > 0
 
 
-def fair_share(topology: Topology, reserved: set[int]) -> dict[int, int]:
+def fair_share(topology: Topology, reserved: set[int], cmap: CoreMap | None = None) -> dict[int, int]:
     """node -> logical CPUs per GPU under "auto" (see the module doc); nodes without GPUs
     are absent."""
     gpus: dict[int, int] = {}
@@ -52,7 +52,7 @@ def fair_share(topology: Topology, reserved: set[int]) -> dict[int, int]:
         if gpu.numa_node is not None:
             gpus[gpu.numa_node] = gpus.get(gpu.numa_node, 0) + 1
     share: dict[int, int] = {}
-    for node, cores in node_cores(topology, set(reserved)).items():
+    for node, cores in node_cores(topology, set(reserved), cmap).items():
         if node not in gpus:
             continue
         usable = [core for core in cores.all_cores if core in cores.usable]
@@ -79,8 +79,15 @@ class _NodeCores:
     llc: dict[Core, int]
 
 
-def node_cores(topology: Topology, excluded: set[int]) -> dict[int, _NodeCores]:
-    """node -> its cores; `excluded` = leased | reserved CPUs."""
+@dataclass(frozen=True, slots=True)
+class CoreMap:
+    """What the topology alone says about cores (the engine keeps one per host view):
+    node -> cores in CPU order, their LLC, and which could ever be used."""
+
+    nodes: dict[int, tuple[list[Core], dict[Core, int], frozenset[Core]]]
+
+
+def core_map(topology: Topology) -> CoreMap:
     by_id = {cpu.id: cpu for cpu in topology.cpus}
     per_node: dict[int, dict[Core, Cpu]] = {}
     for cpu in topology.cpus:
@@ -88,26 +95,34 @@ def node_cores(topology: Topology, excluded: set[int]) -> dict[int, _NodeCores]:
             continue
         core = tuple(sorted(c for c in cpu.physical_core if by_id.get(c) is not None and by_id[c].online))
         per_node.setdefault(cpu.numa_node, {}).setdefault(core or (cpu.id,), cpu)
-    out: dict[int, _NodeCores] = {}
+    nodes = {}
     for node, cores in per_node.items():
         ordered = sorted(cores)
-        usable = {core for core in ordered if all(_usable(by_id.get(c), excluded) for c in core)}
         llc = {core: (cores[core].llc if cores[core].llc is not None else -1) for core in ordered}
-        out[node] = _NodeCores(ordered, usable, llc)
-    return out
+        eligible = frozenset(core for core in ordered if all(_eligible(by_id.get(c)) for c in core))
+        nodes[node] = (ordered, llc, eligible)
+    return CoreMap(nodes)
 
 
-def _usable(cpu: Cpu | None, excluded: set[int]) -> bool:
-    return cpu is not None and cpu.online and not cpu.isolated and not cpu.nohz_full and cpu.id not in excluded
+def node_cores(topology: Topology, excluded: set[int], cmap: CoreMap | None = None) -> dict[int, _NodeCores]:
+    """node -> its cores; `excluded` = leased | reserved CPUs."""
+    cmap = cmap or core_map(topology)
+    return {node: _NodeCores(ordered, {core for core in eligible if excluded.isdisjoint(core)}, llc)
+            for node, (ordered, llc, eligible) in cmap.nodes.items()}
 
 
-def node_capacity(topology: Topology, excluded: set[int], cpus_per_gpu: PerGpu) -> dict[int, int]:
+def _eligible(cpu: Cpu | None) -> bool:
+    return cpu is not None and cpu.online and not cpu.isolated and not cpu.nohz_full
+
+
+def node_capacity(topology: Topology, excluded: set[int], cpus_per_gpu: PerGpu,
+                  cmap: CoreMap | None = None) -> dict[int, int]:
     """node -> how many GPUs its free cores can serve at cpus_per_gpu (the search's CPU
     constraint; nodes absent serve none)."""
     if not wants_cpus(cpus_per_gpu):
         return {}
     capacity: dict[int, int] = {}
-    for node, cores in node_cores(topology, excluded).items():
+    for node, cores in node_cores(topology, excluded, cmap).items():
         wanted = need(cpus_per_gpu, node)
         if wanted <= 0:
             capacity[node] = 0
@@ -123,10 +138,10 @@ def node_capacity(topology: Topology, excluded: set[int], cpus_per_gpu: PerGpu) 
 
 
 def assign_cpus(topology: Topology, gpus: list[Gpu], per_gpu: PerGpu, excluded: set[int],
-                allow_fallback: bool) -> CoreChoice:
+                allow_fallback: bool, cmap: CoreMap | None = None) -> CoreChoice:
     if not wants_cpus(per_gpu):
         return CoreChoice({g.index: () for g in gpus}, {g.index: g.numa_node for g in gpus}, False, ())
-    cores = node_cores(topology, excluded)
+    cores = node_cores(topology, excluded, cmap)
     taken: set[Core] = set()
     cpus: dict[int, tuple[int, ...]] = {}
     where: dict[int, int | None] = {}

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from topod.alloc.cores import assign_cpus, fair_share, node_capacity, wants_cpus
+from topod.alloc.cores import CoreMap, assign_cpus, core_map, fair_share, node_capacity, wants_cpus
 from topod.alloc.errors import (InsufficientCpusError, InsufficientGpusError, InvalidRequestError,
                                 LevelUnreachableError, UnknownGpuError)
 from topod.alloc.estimate import weakest
@@ -87,11 +87,13 @@ def allocate(topology: Topology, distances: DistanceModel, state: FreeState, req
     unary = {p: (DELTA_FRAG + scale) * phi[p] for p in free}
     max_nodes = limit if request.level in ("best", "good") else None
     excluded = set(state.busy_cpus) | set(state.reserved_cpus)
-    per_gpu = fair_share(topology, set(state.reserved_cpus)) if request.cpus_per_gpu == "auto" \
-        else request.cpus_per_gpu
+    cmap = view.cache.get("core_map")
+    if cmap is None:
+        cmap = view.cache["core_map"] = core_map(topology)
+    per_gpu = _auto_share(view, cmap, state) if request.cpus_per_gpu == "auto" else request.cpus_per_gpu
     node_cap = None
     if wants_cpus(per_gpu):
-        capacity = node_capacity(topology, excluded, per_gpu)
+        capacity = node_capacity(topology, excluded, per_gpu, cmap)
         node_cap = {v: capacity.get(v, 0) for v in set(view.node)}
     result = _search(view, free, must, unary, node_cap, max_nodes, k, policy.search_budget)
     if result is None:
@@ -106,7 +108,7 @@ def allocate(topology: Topology, distances: DistanceModel, state: FreeState, req
         raise LevelUnreachableError(f"the cheapest free set of {k} GPUs costs {cost:.2f}; level 'best' needs "
                                     f"{ref_cost:.2f} (the host's minimum) within {limit} NUMA node(s)")
     gpus = [view.gpus[p] for p in members]
-    cores = assign_cpus(topology, gpus, per_gpu, excluded, allow_fallback=request.level == "any")
+    cores = assign_cpus(topology, gpus, per_gpu, excluded, allow_fallback=request.level == "any", cmap=cmap)
     reasons.extend(cores.reasons)
     reasons.insert(0, _summary(k, cost, ref_cost, level, len(nodes), limit))
     if not result.exact:
@@ -136,6 +138,15 @@ def result_fits(view: HostView, result: SearchResult, node_cap: dict[int, int]) 
     for p in result.members:
         counts[view.node[p]] = counts.get(view.node[p], 0) + 1
     return all(count <= node_cap.get(v, 0) for v, count in counts.items())
+
+
+def _auto_share(view: HostView, cmap: CoreMap, state: FreeState) -> dict[int, int]:
+    """The "auto" fair share depends on the host and the reserved CPUs only: kept per view."""
+    key = ("fair_share", state.reserved_cpus)
+    share = view.cache.get(key)
+    if share is None:
+        share = view.cache[key] = fair_share(view.topology, set(state.reserved_cpus), cmap)
+    return share
 
 
 def _without_cpu_limit(view, free, must, unary, node_cap, max_nodes, k, policy, request, limit) -> SearchResult:

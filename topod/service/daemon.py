@@ -61,11 +61,11 @@ class Daemon:
         self.started = time.time()
         self.state = HostState(discover_checked(self.host))
         self.allowed_group = group_id(config.get("daemon", "group"))
-        self.store = LeaseStore(config.get("daemon", "state_dir"))
+        self.store = LeaseStore(config.get("daemon", "state_dir"), config.get("daemon", "sqlite_synchronous"))
         self.alloc = LeaseService(self.state, self.store, self.bus, config.section("alloc"), self._reserved_cpus(),
                                   pid_max=parse_pid_max(self.host.read("proc/sys/kernel/pid_max")))
         self.alloc.extra_environment = self._lease_nccl_environment
-        self.alloc.prepare_files = self._write_lease_nccl_topology
+        self.alloc.prepare_files = self._write_lease_nccl_topology  # only for leases naming NCCL_TOPO_FILE
         self.alloc.on_lease_end = self._remove_lease_files
         self.state.add_listener(self._state_changed)
         self.bus.add_listener(self._on_event)

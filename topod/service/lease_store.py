@@ -39,6 +39,7 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 SCHEMA_VERSION = "2"  # 1: lease_gpus keyed by GPU index, decision as an untyped dict
 STATES = ("active", "preempting", "degraded")
+SYNCHRONOUS = ("full", "normal")
 
 
 class LeaseConflictError(TopodError):
@@ -71,14 +72,14 @@ class Lease:
     ttl_seconds: float | None
     preempt_deadline: float | None = None
     missing_gpus: tuple[int, ...] = ()  # GPUs of the lease the current topology lacks
+    cpus: tuple[int, ...] = field(init=False, compare=False)  # every GPU's CPUs, sorted (derived)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "cpus", tuple(sorted(c for cpus in self.decision.cpus.values() for c in cpus)))
 
     @property
     def gpus(self) -> tuple[int, ...]:
         return self.decision.gpus
-
-    @property
-    def cpus(self) -> tuple[int, ...]:
-        return tuple(sorted(cpu for cpus in self.decision.cpus.values() for cpu in cpus))
 
     @property
     def memory_nodes(self) -> tuple[int, ...]:
@@ -170,14 +171,19 @@ class _Op:
 
 
 class LeaseStore:
-    def __init__(self, state_dir: str | Path) -> None:
+    def __init__(self, state_dir: str | Path, synchronous: str = "full") -> None:
+        """synchronous: "full" (the default: a lease survives power loss once answered) or
+        "normal" (WAL: survives a crash of topod or the OS, may lose the last commits on
+        power loss; fewer fsyncs)."""
+        if synchronous not in SYNCHRONOUS:
+            raise ValueError(f"synchronous must be one of {', '.join(SYNCHRONOUS)}, got {synchronous!r}")
         directory = Path(state_dir)
         _private_directory(directory)
         self.path = directory / "leases.sqlite3"
         _private_file(self.path)
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute(f"PRAGMA synchronous={synchronous.upper()}")
         self._db.execute("PRAGMA foreign_keys=ON")
         self._migrate()
         for suffix in ("-wal", "-shm"):
@@ -190,6 +196,9 @@ class LeaseStore:
         self._json: dict[str, tuple[Lease, dict[str, Any]]] = {}
         self._holder: dict[str, str] = {address: lease.id for lease in self._cache.values()
                                          for address in lease.addresses}
+        self._cpus: dict[int, int] = {}  # CPU -> leases holding it (an 'any' fallback may share)
+        for lease in self._cache.values():
+            self._hold_cpus(lease, +1)
         self._pending: list[_Op] = []
         self._cond = threading.Condition()
         self._closing = False
@@ -240,6 +249,9 @@ class LeaseStore:
     def leased_addresses(self) -> set[str]:
         return set(self._holder)
 
+    def leased_cpus(self) -> set[int]:
+        return set(self._cpus)
+
     def json_of(self, lease: Lease) -> dict[str, Any]:
         """The lease's JSON, built once per version of the lease."""
         cached = self._json.get(lease.id)
@@ -258,9 +270,11 @@ class LeaseStore:
         self._cache[lease.id] = lease
         for address in lease.addresses:
             self._holder[address] = lease.id
+        self._hold_cpus(lease, +1)
 
         def undo() -> None:
-            self._cache.pop(lease.id, None)
+            if self._cache.pop(lease.id, None) is not None:
+                self._hold_cpus(lease, -1)
             self._json.pop(lease.id, None)
             for address in lease.addresses:
                 if self._holder.get(address) == lease.id:
@@ -291,6 +305,7 @@ class LeaseStore:
         if lease is None:
             return None
         self._json.pop(lease_id, None)
+        self._hold_cpus(lease, -1)
         for address in lease.addresses:
             if self._holder.get(address) == lease_id:
                 del self._holder[address]
@@ -299,11 +314,20 @@ class LeaseStore:
             if any(self._holder.get(a) not in (None, lease_id) for a in lease.addresses):
                 return  # already granted again: the disk will say so at the next start
             self._cache[lease_id] = lease
+            self._hold_cpus(lease, +1)
             for address in lease.addresses:
                 self._holder[address] = lease_id
 
         return lease, self._queue([("DELETE FROM lease_devices WHERE lease_id = ?", (lease_id,)),
                                    ("DELETE FROM leases WHERE id = ?", (lease_id,))], undo)
+
+    def _hold_cpus(self, lease: Lease, delta: int) -> None:
+        for cpu in lease.cpus:
+            count = self._cpus.get(cpu, 0) + delta
+            if count > 0:
+                self._cpus[cpu] = count
+            else:
+                self._cpus.pop(cpu, None)
 
     def _queue(self, sql: list[tuple[str, tuple | list]], undo: Callable[[], None]) -> asyncio.Future | None:
         """The future of the commit holding this change; None when there is no event loop

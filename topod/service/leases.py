@@ -84,7 +84,8 @@ class LeaseService:
         self.results: dict[str, int] = {}
         self.outcomes: dict[tuple[str, str], int] = {}  # (result, reason) -> requests
         # The daemon may add per-lease files (an NCCL topology): environment() names
-        # them, prepare_files() writes them in a worker thread before the answer.
+        # them (NCCL_TOPO_FILE), prepare_files() writes them in a worker thread before
+        # the answer.
         self.extra_environment: Callable[[Lease], dict[str, str]] | None = None
         self.prepare_files: Callable[[Lease], None] | None = None
         self.on_lease_end: Callable[[Lease], None] | None = None
@@ -121,7 +122,7 @@ class LeaseService:
         return len(self.topology.gpus) - len(self.leased_gpus())
 
     def leased_cpus(self) -> set[int]:
-        return {cpu for lease in self.store.all() for cpu in lease.cpus}
+        return self.store.leased_cpus()
 
     def free_state(self) -> FreeState:
         return FreeState(
@@ -229,7 +230,7 @@ class LeaseService:
         try:
             if commit is not None:
                 await asyncio.shield(commit)
-            if self.prepare_files is not None:
+            if self.prepare_files is not None and "NCCL_TOPO_FILE" in lease.environment:
                 await asyncio.to_thread(self.prepare_files, lease)
         except asyncio.CancelledError:
             self._take_back(lease)
