@@ -11,7 +11,11 @@ from topod.discover import discover
 from topod.host import HostRoot
 from topod.hostspec import build_host, load_builtin_spec
 
-CORPUS = Path(__file__).resolve().parents[2] / "shared" / "data" / "hosts"
+# Vendored test data (a fresh clone has it; nothing reads ../shared): hwloc's real-host
+# corpus (BSD-3-Clause, HWLOC-COPYING beside it) and the NodeResourceTopology CRD.
+DATA = Path(__file__).resolve().parent / "data"
+CORPUS = DATA / "hosts"
+K8S_DATA = DATA / "k8s"
 _BUILT: dict[str, Path] = {}
 
 

@@ -3,34 +3,54 @@
 The daemon owns the numbers; this module only turns one snapshot dict into text, with a
 fresh CollectorRegistry per render, so there is no global state and no metric can go
 stale between scrapes. Every section of the snapshot is optional: a missing section
-means its metrics are left out (never reported as zero). The snapshot's shape:
+means its metrics are left out (never reported as zero); an unknown key is an error.
+The snapshot's keys:
 
     {
       "build": {"version": "0.1.0"},                        # topod_build_info
       "gpus_by_state": {"free": 6, "leased": 2},            # topod_gpus{state}
       "leases": [{"id": "l-1", "gpus": 2, "satisfaction": 1.0}],
-      "decision_latency": {"buckets": {0.001: 3, 0.01: 9}, "sum": 0.04, "count": 10},
-      "requests_by_result": {"granted": 9, "denied": 1},     # counters, since start
+      "decision_latency": {"buckets": {1e-05: 0, 0.0001: 3, 0.001: 9}, "sum": 0.004, "count": 12},
+      "requests": [                                          # topod_allocation_requests_total{result,reason}
+        {"result": "granted", "reason": "", "count": 9},     # counters, since start
+        {"result": "rejected", "reason": "insufficient_gpus", "count": 2},
+      ],
       "irq_moves": 42,                                       # counter, since start
       "cpu_interrupt_rates": {0: 1200.0, 1: 3.5},            # per second, last cycle
       "link_bandwidth": [{"src": "GPU0", "dst": "GPU1", "bytes_per_second": 2.1e10}],
       "probe": {"duration_seconds": 0.8, "last_timestamp_seconds": 1.7e9},
     }
 
-decision_latency buckets are per-bucket counts (not cumulative); LatencyHistogram
-keeps them for the daemon.
+decision_latency buckets are per-bucket counts (not cumulative), keyed by upper bound;
+LatencyHistogram keeps them for the daemon, with DEFAULT_BUCKETS from 10 us (a decision
+takes 0.05-0.3 ms, so the low buckets are where the quantiles are).
+
+Allocation requests come in one of three forms; when a snapshot holds several (a daemon
+moving from one to another), the richest is rendered and the others must give the same
+count per result, or the render fails naming both:
+  - "requests": a list of {"result", "reason", "count"} (the preferred form);
+  - "requests_by_result_reason": {(result, reason): count};
+  - "requests_by_result": {result: count}, the older form: reason is "" for all.
+`result` is what happened (granted, denied, invalid, rejected, queue_full, timeout,
+abandoned, failed); `reason` is a machine-readable code (an error's `code`, such as
+insufficient_gpus) or "" when there is none. Reasons must be snake_case codes
+(`[a-z0-9_]`, at most 64 characters): a free-text message would make one time series per
+message, so it is rejected here rather than left to blow up Prometheus.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 PREFIX = "topod_"
-DEFAULT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+# Upper bounds in seconds (+Inf is implied). Decisions take 0.05-0.3 ms: the buckets start
+# at 10 us so that quantiles come from counts, not from interpolating inside one bucket.
+DEFAULT_BUCKETS = (1e-05, 2.5e-05, 5e-05, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1.0)
 
 
 @dataclass(slots=True)
@@ -70,13 +90,21 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 class _SnapshotCollector:
     def __init__(self, snapshot: Mapping[str, Any]) -> None:
-        unknown = set(snapshot) - set(_SECTIONS)
+        unknown = set(snapshot) - set(_SECTIONS) - set(_REQUEST_FORMS)
         if unknown:
             raise ValueError(f"metrics snapshot: unknown sections {sorted(unknown)}")
+        forms = [key for key in _REQUEST_FORMS if snapshot.get(key) is not None]
         self.snapshot = snapshot
+        self.requests_form = forms[0] if forms else None  # the richest form given
+        if len(forms) > 1:
+            _check_request_forms_agree(snapshot, forms)
 
     def collect(self) -> Iterator[object]:
         for key, builder in _SECTIONS.items():
+            if key == "requests":
+                if self.requests_form is not None:
+                    yield from _requests(self.requests_form, self.snapshot[self.requests_form])
+                continue
             value = self.snapshot.get(key)
             if value is not None:
                 yield from builder(value)
@@ -142,12 +170,63 @@ def _latency(value: Mapping[str, Any]) -> Iterator[object]:
     yield family
 
 
-def _requests(value: Mapping[str, object]) -> Iterator[object]:
+_REASON = re.compile(r"[a-z0-9_]{0,64}")
+
+
+def _request_rows(form: str, value: Any) -> Iterator[tuple[str, str, object]]:
+    """(result, reason, count) from any of the three forms (see the module docstring)."""
+    if form == "requests":
+        if not isinstance(value, list):
+            raise ValueError(f"metrics snapshot: requests must be a list of {{result, reason, count}}, got {value!r}")
+        for row in value:
+            if not isinstance(row, Mapping) or set(row) - {"result", "reason", "count"} or "result" not in row:
+                raise ValueError(f"metrics snapshot: requests row {row!r} must be {{result, reason, count}}")
+            yield row["result"], row.get("reason", ""), row.get("count")
+    elif form == "requests_by_result_reason":
+        for key, count in value.items():
+            if not (isinstance(key, tuple) and len(key) == 2):
+                raise ValueError(f"metrics snapshot: requests_by_result_reason key {key!r} must be (result, reason)")
+            yield key[0], key[1], count
+    else:
+        for result, count in value.items():
+            yield result, "", count
+
+
+def _check_request_forms_agree(snapshot: Mapping[str, Any], forms: list[str]) -> None:
+    """Several forms at once (a daemon switching forms): the richest is rendered, and the
+    others must count the same requests per result, or the snapshot is wrong somewhere."""
+    totals = []
+    for form in forms:
+        per_result: dict[object, float] = {}
+        for result, _reason, count in _request_rows(form, snapshot[form]):
+            per_result[result] = per_result.get(result, 0.0) + _number(f"{form}[{result}].count", count)
+        totals.append(per_result)
+    for form, per_result in zip(forms[1:], totals[1:]):
+        if per_result != totals[0]:
+            raise ValueError(f"metrics snapshot: {forms[0]} and {form} disagree: "
+                             f"{dict(sorted(totals[0].items()))} != {dict(sorted(per_result.items()))}")
+
+
+def _requests(form: str, value: Any) -> Iterator[object]:
     from prometheus_client.core import CounterMetricFamily
 
-    family = CounterMetricFamily(PREFIX + "allocation_requests", "allocation requests by result", labels=["result"])
-    for result, count in sorted(value.items()):
-        family.add_metric([str(result)], _number(f"requests_by_result.{result}", count))
+    counts: dict[tuple[str, str], float] = {}
+    for result, reason, count in _request_rows(form, value):
+        if not isinstance(result, str) or not result:
+            raise ValueError(f"metrics snapshot: {form}: result {result!r} must be a non-empty string")
+        if not isinstance(reason, str) or not _REASON.fullmatch(reason):
+            raise ValueError(f"metrics snapshot: {form}[{result}]: reason {reason!r} must be a snake_case code "
+                             "([a-z0-9_], at most 64 characters) or empty")
+        number = _number(f"{form}[{result},{reason}].count", count)
+        if number < 0:
+            raise ValueError(f"metrics snapshot: {form}[{result},{reason}].count {number:g} is negative")
+        if (result, reason) in counts:
+            raise ValueError(f"metrics snapshot: {form}: ({result}, {reason}) given twice")
+        counts[result, reason] = number
+    family = CounterMetricFamily(PREFIX + "allocation_requests", "allocation requests by result and reason",
+                                 labels=["result", "reason"])
+    for (result, reason), number in sorted(counts.items()):
+        family.add_metric([result, reason], number)
     yield family
 
 
@@ -194,9 +273,10 @@ _SECTIONS = {
     "gpus_by_state": _gpus,
     "leases": _leases,
     "decision_latency": _latency,
-    "requests_by_result": _requests,
+    "requests": _requests,  # or one of _REQUEST_FORMS: see _SnapshotCollector
     "irq_moves": _irq_moves,
     "cpu_interrupt_rates": _cpu_rates,
     "link_bandwidth": _bandwidth,
     "probe": _probe,
 }
+_REQUEST_FORMS = ("requests", "requests_by_result_reason", "requests_by_result")
