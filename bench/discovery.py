@@ -1,8 +1,17 @@
 """Discovery speed: whole-process `topoctl topo --json` vs `lstopo-no-graphics --whole-io
---of xml` on the largest real host, and in-process rediscovery. One line per figure."""
+--of xml` on the largest real host, and in-process rediscovery. One line per figure.
+
+    python bench/discovery.py [--baseline DIR]
+
+--baseline DIR: a directory holding an older `topod` package (for example
+`mkdir /tmp/base && git archive HEAD topod | tar -x -C /tmp/base`); its in-process
+rediscovery is measured in the same run, alternating with this tree's, and the ratio is
+printed beside it (this is a shared machine: only figures from one run compare)."""
 
 from __future__ import annotations
 
+import argparse
+import os
 import shutil
 import statistics
 import subprocess
@@ -15,6 +24,23 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO.parent / "shared" / "data" / "hosts"
 RUNS = 9
+REDISCOVERIES = 50
+ROUNDS = 3  # alternating rounds of this tree and the baseline
+
+# Run in a fresh interpreter with PYTHONPATH set to the tree under test.
+_REDISCOVER = """
+import statistics, sys, time
+from topod.discover import discover
+from topod.host import HostRoot
+host = HostRoot(sys.argv[1])
+discover(host, live_nvml=False)
+times = []
+for _ in range(int(sys.argv[2])):
+    started = time.perf_counter()
+    discover(host, live_nvml=False)
+    times.append(time.perf_counter() - started)
+print(statistics.median(times))
+"""
 
 
 def _median_seconds(command: list[str], env: dict | None = None) -> float:
@@ -26,6 +52,88 @@ def _median_seconds(command: list[str], env: dict | None = None) -> float:
     return statistics.median(times)
 
 
+def _rediscovery_seconds(code: Path, root: Path) -> float:
+    done = subprocess.run([sys.executable, "-c", _REDISCOVER, str(root), str(REDISCOVERIES)], cwd=code,
+                          env=dict(os.environ, PYTHONPATH=str(code)), capture_output=True, text=True, check=True)
+    return float(done.stdout.strip())
+
+
+# -- whole process: `topoctl topo --json` vs lstopo (topoctl's start-up; the CLI owner's part) --
+WHOLE_RUNS = 21
+
+
+def _interleaved_medians(commands: dict[str, tuple[list[str], dict]]) -> dict[str, float]:
+    """Median wall time of each command, run in turns (one of each per round), so that a
+    busy moment on this shared machine hits all of them alike."""
+    times: dict[str, list[float]] = {label: [] for label in commands}
+    for _ in range(WHOLE_RUNS):
+        for label, (command, env) in commands.items():
+            started = time.perf_counter()
+            subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, env=env)
+            times[label].append(time.perf_counter() - started)
+    return {label: statistics.median(values) for label, values in times.items()}
+
+
+def _start_daemon(root: Path, work: Path) -> tuple[subprocess.Popen, str]:
+    socket_path = str(work / "topod.sock")
+    config = work / "topod.toml"
+    config.write_text('[irq]\nmode = "off"\n[probe]\nenabled = false\n')
+    daemon = subprocess.Popen([sys.executable, "-m", "topod.service.main", "--root", str(root), "--socket",
+                               socket_path, "--state-dir", str(work / "state"), "--config", str(config)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              env=dict(os.environ, PYTHONPATH=str(REPO)))
+    from topod.client import ApiError, Client
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and daemon.poll() is None:
+        try:
+            Client(socket_path, timeout=5).health()
+            return daemon, socket_path
+        except ApiError:
+            time.sleep(0.05)
+    daemon.kill()
+    raise RuntimeError("topod did not start for the benchmark")
+
+
+def whole_process_figures(name: str, root: Path, baseline: Path | None = None, with_daemon: bool = True) -> None:
+    """`topoctl topo --json` as a whole process (no daemon; answered by a daemon serving the
+    root; an older tree's with --baseline) against `lstopo --input DIR --whole-io --of xml`."""
+    daemon = None
+    with tempfile.TemporaryDirectory() as work:
+        # Compiled modules cached (outside the tree), as on an installed system, even where
+        # PYTHONDONTWRITEBYTECODE is set: otherwise every run compiles every module.
+        python_env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        python_env["PYTHONPYCACHEPREFIX"] = str(Path(work) / "pycache")
+        no_daemon = dict(python_env, PYTHONPATH=str(REPO), TOPOD_SOCKET=str(Path(work) / "no-daemon.sock"))
+        command = [sys.executable, "-m", "topod.cli.topoctl", "topo", "--root", str(root), "--json"]
+        commands: dict[str, tuple[list[str], dict]] = {"topoctl": (command, no_daemon)}
+        if baseline is not None:
+            commands["baseline topoctl"] = (command, dict(no_daemon, PYTHONPATH=str(baseline)))
+        lstopo = shutil.which("lstopo")
+        if lstopo and "fixture" not in name:  # lstopo cannot read a built fixture tree
+            commands["lstopo"] = ([lstopo, "--input", str(root), "--whole-io", "--of", "xml", "-"], dict(os.environ))
+        if with_daemon:
+            daemon, socket_path = _start_daemon(root, Path(work))
+            commands["topoctl via daemon"] = (command + ["--socket", socket_path], dict(no_daemon))
+        try:
+            medians = _interleaved_medians(commands)
+        finally:
+            if daemon is not None:
+                daemon.terminate()
+                daemon.wait(timeout=10)
+    base = medians.get("lstopo")
+    for label, seconds in medians.items():
+        if label == "lstopo":
+            continue
+        ratio = f"; ratio {label}/lstopo {seconds / base:.2f}" if base else ""
+        print(f"{name}: {label} topo --json whole process median {seconds * 1000:.1f} ms{ratio}")
+    if base:
+        print(f"{name}: lstopo --input DIR --whole-io --of xml median {base * 1000:.1f} ms ({WHOLE_RUNS} runs each, "
+              "interleaved)")
+    elif not shutil.which("lstopo"):
+        print("lstopo not installed (Debian package hwloc): no baseline")
+
+
 def _hosts(work: Path) -> dict[str, Path]:
     roots = {}
     if CORPUS.is_dir():
@@ -33,18 +141,19 @@ def _hosts(work: Path) -> dict[str, Path]:
             with tarfile.open(archive) as tar:
                 tar.extractall(work / archive.stem, filter="tar")
                 roots[archive.name[:-8]] = work / archive.stem / tar.getnames()[0].split("/")[0]
-    sys.path.insert(0, str(REPO))
     from topod.hostspec import build_host, load_builtin_spec
 
     roots["h800-8gpu (fixture)"] = build_host(load_builtin_spec("h800-8gpu"), work / "h800")
     return roots
 
 
-def main() -> int:
-    from topod.discover import discover
-    from topod.host import HostRoot
-
-    import os
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--baseline", type=Path, default=None, help="directory holding an older topod package")
+    args = parser.parse_args(argv)
+    if args.baseline is not None and not (args.baseline / "topod" / "discover").is_dir():
+        parser.error(f"--baseline {args.baseline}: no topod/discover package inside")
+    sys.path.insert(0, str(REPO))  # this tree's topod, not an installed one
 
     with tempfile.TemporaryDirectory() as tmp:
         roots = _hosts(Path(tmp))
@@ -54,25 +163,19 @@ def main() -> int:
             if name is None:
                 continue
             root = roots[name]
-            topoctl = [sys.executable, "-m", "topod.cli.topoctl", "topo", "--root", str(root), "--json"]
-            ours = _median_seconds(topoctl, env=dict(os.environ, PYTHONPATH=str(REPO)))
-            print(f"{name}: topoctl topo --json whole process median {ours * 1000:.1f} ms")
-            lstopo = shutil.which("lstopo-no-graphics")
-            if lstopo and "fixture" not in name:
-                theirs = _median_seconds([lstopo, "--whole-io", "--of", "xml", "-"],
-                                         env=dict(os.environ, HWLOC_FSROOT=str(root), HWLOC_COMPONENTS="linux,-x86"))
-                print(f"{name}: lstopo-no-graphics --whole-io --of xml median {theirs * 1000:.1f} ms; "
-                      f"ratio topoctl/lstopo {ours / theirs:.2f} (goal <= 2)")
-            elif not lstopo:
-                print("lstopo-no-graphics not installed (Debian package hwloc): no baseline")
-            host = HostRoot(root)
-            discover(host, live_nvml=False)
-            times = []
-            for _ in range(50):
-                started = time.perf_counter()
-                discover(host, live_nvml=False)
-                times.append(time.perf_counter() - started)
-            print(f"{name}: in-process rediscovery median {statistics.median(times) * 1000:.2f} ms (goal <= 10)")
+            whole_process_figures(name, root, baseline=args.baseline, with_daemon="fixture" not in name)
+            current: list[float] = []
+            baseline: list[float] = []
+            for _ in range(ROUNDS if args.baseline else 1):
+                if args.baseline:
+                    baseline.append(_rediscovery_seconds(args.baseline, root))
+                current.append(_rediscovery_seconds(REPO, root))
+            ours = statistics.median(current)
+            print(f"{name}: in-process rediscovery median {ours * 1000:.2f} ms (goal <= 10)")
+            if baseline:
+                theirs = statistics.median(baseline)
+                print(f"{name}: baseline ({args.baseline}) in-process rediscovery median {theirs * 1000:.2f} ms; "
+                      f"ratio this/baseline {ours / theirs:.2f}")
     return 0
 
 

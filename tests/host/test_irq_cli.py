@@ -30,8 +30,11 @@ def test_plan_json_lists_every_irq_with_its_plan_and_writes_nothing(tree, capsys
 
 def test_plan_text_is_a_table_with_reasons(tree, capsys):
     assert main(["irq", "plan", "--root", str(tree), "--leased-cpus", "0-1"]) == 0
-    out = capsys.readouterr().out
-    assert out.splitlines()[0].startswith("mode dry-run")
+    captured = capsys.readouterr()
+    out = captured.out
+    assert out.splitlines()[0].startswith(f"root {tree} (")  # the root it read, in the header
+    assert out.splitlines()[1].startswith("mode dry-run")
+    assert "no daemon at" in captured.err and len(captured.err.splitlines()) == 1
     assert "REASON" in out and "-TxRx-0" in out and "nvme0q1" in out
 
 

@@ -70,7 +70,9 @@ def test_host_memory_refuses_a_captured_tree(lying_root, capsys):
 ])
 def test_bad_backend_gets_a_clear_error(lying_root, capsys, backend, words):
     assert main(["links", "--root", lying_root, "--json", "--backend", backend]) == 1
-    error = json.loads(capsys.readouterr().err)
+    lines = [json.loads(line) for line in capsys.readouterr().err.splitlines()]  # --json: stderr is JSON lines
+    assert lines[0]["root"] == lying_root and lines[0]["daemon"] is False
+    error = lines[-1]
     assert error["code"] == "invalid_config" and words in error["message"]
 
 

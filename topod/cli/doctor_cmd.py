@@ -1,8 +1,8 @@
 """`topoctl doctor`: is each GPU process placed where its GPUs are?
 
 Works without a daemon (pure host-root analysis). Lease and IRQ-plan data come in as
-plain values: from the daemon (the lead's API client fills `fetch_daemon_data`), or from
---leases-file / --irq-plan-file for offline use and tests.
+plain values: from the daemon serving the same root (`daemon_data`), or from
+--leases-file / --irq-plan-file for offline use and tests. Arguments: topod.cli.commands.
 """
 
 from __future__ import annotations
@@ -16,45 +16,20 @@ import time
 EXIT_FINDINGS = 3
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    doctor = subparsers.add_parser("doctor", help="check GPU processes' CPU, memory and IRQ placement")
-    doctor.add_argument("--pid", type=int, action="append", default=None, metavar="PID",
-                        help="process to check (repeatable); default: every process holding a GPU open")
-    doctor.add_argument("--lease", action="append", default=None, metavar="ID",
-                        help="check the processes of this lease (repeatable; needs lease data)")
-    doctor.add_argument("--root", default="/", help="host root (a captured tree); default /")
-    doctor.add_argument("--json", action="store_true", help="machine-readable findings")
-    doctor.add_argument("--irq-interval", type=float, default=0.0, metavar="SECONDS",
-                        help="sample /proc/interrupts twice this far apart to measure IRQ rates "
-                             "(default 0: judge IRQs by affinity only)")
-    doctor.add_argument("--leases-file", default=None, metavar="FILE",
-                        help="JSON list of leases {id, owner, gpus, cpus, pids} (instead of asking the daemon)")
-    doctor.add_argument("--irq-plan-file", default=None, metavar="FILE",
-                        help="JSON object {irq: [cpus]}: where the IRQ plan puts each vector")
-    doctor.add_argument("--verbose", "-v", action="store_true", help="list every file each finding read")
-    doctor.add_argument("--socket", default=None,
-                        help="ask this daemon for leases and the IRQ plan (default $TOPOD_SOCKET or "
-                             "/run/topod/topod.sock when it exists; none: host-only checks)")
-    doctor.set_defaults(handler=run_doctor)
+def daemon_data(view) -> tuple[list[dict] | None, dict | None]:  # noqa: ANN001 - DaemonView
+    """(leases, irq_plan) from the daemon serving the view's root, or (None, None).
 
+    Doctor never needs the daemon; with one, leases and the IRQ plan sharpen the checks.
+    A daemon serving another root is ignored: its leases say nothing about this tree."""
+    from topod.client import ApiError
 
-def fetch_daemon_data(args: argparse.Namespace) -> tuple[list[dict] | None, dict | None]:
-    """(leases, irq_plan) from a running daemon, or (None, None) when there is none.
-
-    Doctor never needs the daemon; with one, leases and the IRQ plan sharpen the checks."""
-    import os
-
-    from topod.client import ApiError, Client, default_socket
-
-    path = getattr(args, "socket", None) or default_socket()
-    if not os.path.exists(path):
+    if not view.serves_root:
         return None, None
-    client = Client(path, timeout=5)
     try:
         leases = [{"id": lease["id"], "owner": str(lease.get("job") or lease["owner_uid"]), "gpus": lease["gpus"],
                    "cpus": lease["cpus"], "pids": [p for p in (lease.get("owner_pid"),) if p]}
-                  for lease in client.leases()]
-        report = client.request("GET", "/v1/irqs")
+                  for lease in view.leases()]
+        report = view.client.request("GET", "/v1/irqs")
     except ApiError:
         return None, None
     plan = {str(entry["irq"]): entry.get("planned") or entry.get("current") or []
@@ -74,10 +49,10 @@ def _load_json(path: str, what: str) -> object:
         raise DoctorInputError(f"{what} {path}: not JSON ({exc.msg} at line {exc.lineno})") from exc
 
 
-def gather_inputs(args: argparse.Namespace) -> tuple[list[dict] | None, dict | None]:
+def gather_inputs(args: argparse.Namespace, view) -> tuple[list[dict] | None, dict | None]:  # noqa: ANN001
     from topod.doctor import DoctorInputError
 
-    leases, plan = fetch_daemon_data(args)
+    leases, plan = daemon_data(view)
     if args.leases_file:
         leases = _load_json(args.leases_file, "--leases-file")
         if not isinstance(leases, list):
@@ -118,21 +93,23 @@ def sample_interrupts(host, seconds: float) -> tuple[str, str, float] | None:
 
 
 def run_doctor(args: argparse.Namespace) -> int:
+    from topod.cli.daemon_view import find
     from topod.discover import discover
     from topod.doctor import diagnose, render_text, report_to_json
     from topod.host import HostRoot
 
-    host = HostRoot(args.root)
+    view = find(args)
+    view.announce(args.json)
+    host = HostRoot(view.root)
     topology = discover(host)
-    leases, plan = gather_inputs(args)
+    leases, plan = gather_inputs(args, view)
     pids = list(args.pid or [])
     if args.lease:
         pids += pids_of_leases(args.lease, leases)
     report = diagnose(host, topology, pids=pids if (args.pid or args.lease) else None, leases=leases,
                       irq_plan=plan, interrupts=sample_interrupts(host, args.irq_interval))
     if args.json:
-        json.dump(report_to_json(report), sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        sys.stdout.write(json.dumps(report_to_json(report), indent=2) + "\n")
     else:
         sys.stdout.write(render_text(report, verbose=args.verbose))
     return 0 if report.healthy else EXIT_FINDINGS

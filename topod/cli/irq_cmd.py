@@ -1,4 +1,9 @@
-"""`topoctl irq plan` and `topoctl irq apply --oneshot`: the IRQ balancer without the daemon."""
+"""`topoctl irq plan` and `topoctl irq apply --oneshot`: the IRQ balancer run by hand.
+
+With a daemon serving the same root, its leased CPUs are kept clear like --leased-cpus,
+and `apply` refuses to write while that daemon balances the root continuously (it would
+undo the daemon's placement, or the daemon would undo ours) unless --force.
+Arguments: topod.cli.commands."""
 
 from __future__ import annotations
 
@@ -6,32 +11,6 @@ import argparse
 import json
 import sys
 import time
-
-
-def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--root", default="/", help="host root (a captured tree); default /")
-    parser.add_argument("--json", action="store_true", help="machine-readable output (the /v1/irqs document)")
-    parser.add_argument("--config", default=None, help="topod.toml whose [irq] section to use (default: defaults)")
-    parser.add_argument("--leased-cpus", default="", help="CPU list to treat as leased, e.g. 4-7")
-    parser.add_argument("--banned-cpus", default=None, help="override irq.banned_cpus")
-    parser.add_argument("--housekeeping-cpus", default=None, help="override irq.housekeeping_cpus")
-    parser.add_argument("--irqbalance", choices=("yield", "ban"), default=None, help="override irq.irqbalance")
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    irq = subparsers.add_parser("irq", help="plan or apply IRQ affinity")
-    sub = irq.add_subparsers(dest="irq_command", metavar="SUBCOMMAND")
-    plan = sub.add_parser("plan", help="show where each device IRQ would go, and why (writes nothing)")
-    _common(plan)
-    plan.add_argument("--interval", type=float, default=0.0,
-                      help="sample counters this many seconds to plan with measured load (default: counts only)")
-    plan.set_defaults(handler=run_plan)
-    apply = sub.add_parser("apply", help="run one balancing cycle")
-    _common(apply)
-    apply.add_argument("--oneshot", action="store_true", help="one cycle, then exit (continuous balancing is topod's)")
-    apply.add_argument("--dry-run", action="store_true", help="plan and report, write nothing")
-    apply.set_defaults(handler=run_apply)
-    irq.set_defaults(handler=lambda args: (irq.print_help(sys.stderr), 2)[1])
 
 
 def _settings(args: argparse.Namespace):
@@ -49,19 +28,24 @@ def _settings(args: argparse.Namespace):
     return IrqSettings.from_section(section)
 
 
-def _setup(args: argparse.Namespace):
+def _leased(args: argparse.Namespace) -> list[int]:
     from topod.cpulist import parse_cpulist
-    from topod.discover import discover
     from topod.errors import ConfigError
+
+    try:
+        return parse_cpulist(args.leased_cpus)
+    except ValueError as exc:
+        raise ConfigError(f"--leased-cpus: {exc}") from exc
+
+
+def _setup(args: argparse.Namespace, view, leased: list[int]):  # noqa: ANN001 - DaemonView
+    from topod.discover import discover
     from topod.host import HostRoot
     from topod.irq import IrqBalancer
 
-    try:
-        leased = parse_cpulist(args.leased_cpus)
-    except ValueError as exc:
-        raise ConfigError(f"--leased-cpus: {exc}") from exc
-    host = HostRoot(args.root)
-    return IrqBalancer(host, _settings(args)), discover(host), leased
+    host = HostRoot(view.root)
+    settings = _settings(args)
+    return IrqBalancer(host, settings), discover(host), sorted(set(leased) | view.leased_cpus())
 
 
 def run_plan(args: argparse.Namespace) -> int:
@@ -69,12 +53,17 @@ def run_plan(args: argparse.Namespace) -> int:
 
     if args.interval < 0:
         raise ConfigError(f"--interval must be >= 0 seconds, got {args.interval}")
-    balancer, topology, leased = _setup(args)
+    from topod.cli.daemon_view import find
+
+    own = _leased(args)
+    view = find(args)
+    view.announce(args.json)
+    balancer, topology, leased = _setup(args, view, own)
     if args.interval > 0:
         balancer.cycle(topology, leased, mode="dry-run")
         time.sleep(args.interval)
     report = balancer.cycle(topology, leased, mode="dry-run")
-    _print(report, args.json)
+    _print(report, args.json, view)
     return 0
 
 
@@ -83,18 +72,28 @@ def run_apply(args: argparse.Namespace) -> int:
 
     if not args.oneshot:
         raise ConfigError("topoctl irq apply needs --oneshot (continuous balancing runs inside topod)")
-    balancer, topology, leased = _setup(args)
+    from topod.cli.daemon_view import find
+
+    own = _leased(args)
+    view = find(args)
+    view.announce(args.json)
+    if view.serves_root and view.irq_mode == "continuous" and not args.dry_run and not args.force:
+        raise ConfigError(f"topod at {view.socket} balances the IRQs of {view.root} continuously "
+                          "(irq.mode continuous): a one-shot apply would fight it. See its plan with "
+                          "`topoctl irq plan`, set [irq] mode = \"dry-run\" or \"off\", or pass --force")
+    balancer, topology, leased = _setup(args, view, own)
     report = balancer.cycle(topology, leased, mode="dry-run" if args.dry_run else "continuous")
-    _print(report, args.json)
+    _print(report, args.json, view)
     return 0
 
 
-def _print(report, as_json: bool) -> None:
+def _print(report, as_json: bool, view) -> None:  # noqa: ANN001 - CycleReport, DaemonView
     if as_json:
-        json.dump(report.to_json(), sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        document = report.to_json()
+        document.setdefault("root", view.root)
+        sys.stdout.write(json.dumps(document, indent=2) + "\n")
         return
-    sys.stdout.write(render_report(report))
+    sys.stdout.write(f"root {view.root} ({view.describe().split('; ', 1)[1]})\n" + render_report(report))
 
 
 def render_report(report) -> str:

@@ -1,68 +1,22 @@
-"""`topoctl allocate | release | renew | leases | watch | run | status`: the daemon's clients."""
+"""`topoctl allocate | release | renew | leases | watch | run | status`: the daemon's clients.
+
+Arguments: topod.cli.commands. Text output shows times as ISO 8601 local time; --json
+keeps the API's numbers (seconds since the epoch)."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--socket", default=None, help="daemon socket (default $TOPOD_SOCKET or /run/topod/topod.sock)")
-    parser.add_argument("--json", action="store_true", help="machine-readable output")
+def local_time(seconds: float | None) -> str:
+    """ISO 8601 in local time with its UTC offset, to the second: 2025-03-01T14:05:09+01:00."""
+    if seconds is None:
+        return "-"
+    from datetime import datetime
 
-
-def _request_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--gpus", type=int, required=True, help="number of GPUs")
-    parser.add_argument("--level", choices=("best", "good", "any"), default=None)
-    parser.add_argument("--priority", type=int, default=None)
-    parser.add_argument("--cpus-per-gpu", type=int, default=None)
-    parser.add_argument("--must-include", default=None, help="comma-separated GPU indices")
-    parser.add_argument("--min-memory-mib", type=int, default=None)
-    parser.add_argument("--model", default=None, help="GPU model substring")
-    parser.add_argument("--preemptible", action="store_true")
-    parser.add_argument("--ttl", type=float, default=None, help="lease ends after this many seconds")
-    parser.add_argument("--wait", type=float, default=0.0, help="queue up to this many seconds (0 = fail fast)")
-    parser.add_argument("--job", default=None, help="free-form job label")
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    allocate = subparsers.add_parser("allocate", help="lease GPUs with their near cores and memory")
-    _common(allocate)
-    _request_args(allocate)
-    allocate.add_argument("--owner-pid", type=int, default=None, help="lease ends when this process exits")
-    allocate.set_defaults(handler=run_allocate)
-
-    release = subparsers.add_parser("release", help="end a lease")
-    _common(release)
-    release.add_argument("lease")
-    release.set_defaults(handler=run_release)
-
-    renew = subparsers.add_parser("renew", help="extend a lease's ttl")
-    _common(renew)
-    renew.add_argument("lease")
-    renew.add_argument("--ttl", type=float, default=None)
-    renew.set_defaults(handler=run_renew)
-
-    leases = subparsers.add_parser("leases", help="list leases")
-    _common(leases)
-    leases.set_defaults(handler=run_leases)
-
-    watch = subparsers.add_parser("watch", help="follow the daemon's events")
-    _common(watch)
-    watch.add_argument("--count", type=int, default=0, help="stop after this many events")
-    watch.set_defaults(handler=run_watch)
-
-    status = subparsers.add_parser("status", help="the daemon's health")
-    _common(status)
-    status.set_defaults(handler=run_status)
-
-    run = subparsers.add_parser("run", help="allocate, run a command pinned to the lease, release")
-    _common(run)
-    _request_args(run)
-    run.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
-    run.set_defaults(handler=run_run)
+    return datetime.fromtimestamp(float(seconds)).astimezone().isoformat(timespec="seconds")
 
 
 def _client(args):
@@ -94,6 +48,9 @@ def _print_lease(lease: dict) -> None:
     state = "" if lease.get("state", "active") == "active" else f"  state {lease['state']}"
     print(f"lease {lease['id']}  gpus {','.join(map(str, lease['gpus']))}  level {decision.get('level')}  "
           f"cost {decision.get('cost')}  satisfaction {decision.get('satisfaction')}{state}")
+    if lease.get("created") is not None:
+        expires = local_time(lease.get("expires")) if lease.get("expires") is not None else "never (no ttl)"
+        print(f"  created {local_time(lease['created'])}  expires {expires}")
     if lease.get("missing_gpus"):
         print(f"  missing GPU(s): {','.join(map(str, lease['missing_gpus']))} (gone from this host)")
     for gpu in lease.get("placements", []):
@@ -124,33 +81,41 @@ def run_release(args) -> int:
 
 def run_renew(args) -> int:
     lease = _client(args).renew(args.lease, args.ttl)
-    print(json.dumps(lease, indent=2) if args.json else f"renewed {lease['id']} until {lease['expires']}")
+    print(json.dumps(lease, indent=2) if args.json else f"renewed {lease['id']} until {local_time(lease['expires'])}")
     return 0
 
 
 def run_leases(args) -> int:
     leases = _client(args).leases()
     if args.json:
-        print(json.dumps(leases, indent=2))
+        sys.stdout.write(json.dumps(leases, indent=2) + "\n")
         return 0
     if not leases:
         print("no leases")
         return 0
-    print(f"{'ID':<18}{'STATE':<12}{'UID':>6}  {'PRIO':>4}  {'GPUS':<16}{'LEVEL':<6}{'JOB'}")
+    rows = [f"{'ID':<18}{'STATE':<12}{'UID':>6}  {'PRIO':>4}  {'GPUS':<16}{'LEVEL':<6}{'CREATED':<26}"
+            f"{'EXPIRES':<26}JOB"]
     for lease in leases:
-        print(f"{lease['id']:<18}{lease['state']:<12}{lease['owner_uid']:>6}  {lease['priority']:>4}  "
-              f"{','.join(map(str, lease['gpus'])):<16}{lease['decision'].get('level', ''):<6}{lease.get('job') or ''}")
+        rows.append(f"{lease['id']:<18}{lease['state']:<12}{lease['owner_uid']:>6}  {lease['priority']:>4}  "
+                    f"{','.join(map(str, lease['gpus'])):<16}{lease['decision'].get('level', ''):<6}"
+                    f"{local_time(lease.get('created')):<26}{local_time(lease.get('expires')):<26}"
+                    f"{lease.get('job') or ''}")
+    sys.stdout.write("\n".join(rows) + "\n")
     return 0
 
 
 def run_watch(args) -> int:
+    wanted = set(args.event or ())
     seen = 0
     for event in _client(args).events():
+        if wanted and event.get("event") not in wanted:
+            continue
         if args.json:
             print(json.dumps(event), flush=True)
         else:
             fields = " ".join(f"{k}={v}" for k, v in event.items() if k not in ("event", "time"))
-            print(f"{event['event']} {fields}", flush=True)
+            when = f"{local_time(event['time'])} " if isinstance(event.get("time"), (int, float)) else ""
+            print(f"{when}{event['event']} {fields}", flush=True)
         seen += 1
         if args.count and seen >= args.count:
             break

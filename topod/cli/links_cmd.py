@@ -16,27 +16,8 @@ import time
 from topod.errors import ConfigError
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    links = subparsers.add_parser("links", help="measure links and compare them with the topology model")
-    links.add_argument("--root", default="/", help="host root (a captured tree); default /")
-    links.add_argument("--json", action="store_true", help="machine-readable output (the GET /v1/links document)")
-    links.add_argument("--backend", default="host-memory",
-                       help="host-memory | cuda | simulated:<ground-truth table file>; default host-memory")
-    links.add_argument("--rounds", type=_positive_int, default=3, help="probe cycles to run; default 3")
-    links.set_defaults(handler=run_links)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from exc
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
 def run_links(args: argparse.Namespace) -> int:
+    from topod.cli.daemon_view import find
     from topod.cli.topo_cmd import load_topology
     from topod.host import HostRoot
     from topod.probe.backend import ProbeUnavailable
@@ -44,10 +25,12 @@ def run_links(args: argparse.Namespace) -> int:
     from topod.probe.calibrate import calibrate
     from topod.probe.linkstate import LinkState, links_document
 
-    if args.backend in ("host-memory", "cuda") and not HostRoot(args.root).is_live:
-        raise ConfigError(f"--backend {args.backend} measures this machine, not the tree at --root {args.root}; "
+    view = find(args)
+    view.announce(args.json)
+    if args.backend in ("host-memory", "cuda") and not HostRoot(view.root).is_live:
+        raise ConfigError(f"--backend {args.backend} measures this machine, not the tree at --root {view.root}; "
                           "use --root / or --backend simulated:<file>")
-    topology = load_topology(args.root)
+    topology = load_topology(view.root)
     try:
         backend = open_backend(args.backend, topology)
     except ProbeUnavailable as exc:
@@ -71,9 +54,9 @@ def run_links(args: argparse.Namespace) -> int:
     document["rounds"] = args.rounds
     document["skipped"] = [{"link": link, "reason": reason} for link, reason in sorted(skipped.items())]
     document["gpus"] = {gpu.address: gpu.index for gpu in topology.gpus}
+    document["root"] = view.root
     if args.json:
-        json.dump(document, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        sys.stdout.write(json.dumps(document, indent=2) + "\n")
     else:
         sys.stdout.write(render_links(document))
     return 0
@@ -100,7 +83,8 @@ def render_links(document: dict) -> str:
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     lines.append("SAMPLES = probe+telemetry; GB/s = EWMA; HEALTHY = median of healthy samples")
     if document.get("backend"):
-        lines.insert(0, f"backend {document['backend']}, {document.get('rounds', '?')} round(s)")
+        root = f"root {document['root']}, " if document.get("root") else ""
+        lines.insert(0, f"{root}backend {document['backend']}, {document.get('rounds', '?')} round(s)")
     for skip in document.get("skipped", []):
         lines.append(f"skipped {skip['link']}: {skip['reason']}")
     findings = document.get("findings", [])

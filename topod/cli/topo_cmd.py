@@ -1,4 +1,9 @@
-"""`topoctl topo` and `topoctl snapshot`: the host as topod sees it."""
+"""`topoctl topo` and `topoctl snapshot`: the host as topod sees it.
+
+With a daemon serving the same root, `topo --json` is the daemon's own answer
+(GET /v1/topology: no discovery here, plus `cluster` and `leased_gpus`), the text view
+marks leased GPUs, and pictures colour the leases. Arguments: topod.cli.commands.
+"""
 
 from __future__ import annotations
 
@@ -6,22 +11,6 @@ import argparse
 import json
 import os
 import sys
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    topo = subparsers.add_parser("topo", help="show the host's topology")
-    topo.add_argument("--root", default="/", help="host root (a captured tree); default /")
-    topo.add_argument("--json", action="store_true", help="machine-readable output (schema in README)")
-    topo.add_argument("--format", choices=("text", "json", "dot", "svg", "png"), default=None,
-                      help="output format; dot/svg/png draw the host with Graphviz")
-    topo.add_argument("--output", "-o", default=None, help="file for --format svg/png/dot (default stdout)")
-    topo.add_argument("--socket", default=None, help="with a running daemon: colour its leases in pictures")
-    topo.set_defaults(handler=run_topo)
-
-    snapshot = subparsers.add_parser("snapshot", help="capture the host tree topod reads into a tar.gz")
-    snapshot.add_argument("output", help="OUT.tar.gz")
-    snapshot.add_argument("--root", default="/", help="host root to capture; default /")
-    snapshot.set_defaults(handler=run_snapshot)
 
 
 def load_topology(root: str):
@@ -32,28 +21,44 @@ def load_topology(root: str):
 
 
 def run_topo(args: argparse.Namespace) -> int:
-    fmt = args.format or ("json" if args.json else "text")
-    topology = load_topology(args.root)
-    if fmt == "json":
-        from topod.topojson import topology_to_json
+    from topod.cli.daemon_view import find
 
-        json.dump(topology_to_json(topology), sys.stdout, indent=2)
-        sys.stdout.write("\n")
+    fmt = args.format or ("json" if args.json else "text")
+    view = find(args)
+    if fmt == "json":
+        view.announce(args.json)
+        document = None
+        if view.serves_root:
+            from topod.client import ApiError
+
+            try:
+                document = view.client.topology()
+            except ApiError as exc:
+                sys.stderr.write(f"topoctl: topod at {view.socket} gave no topology ({exc}); discovering here\n")
+        if document is None:
+            from topod.topojson import topology_to_json
+
+            document = topology_to_json(load_topology(view.root))
+        sys.stdout.write(json.dumps(document, indent=2) + "\n")  # one write, not one per token
         return 0
+    topology = load_topology(view.root)
     if fmt == "text":
         from topod.cli.topo_text import render_topology
 
-        sys.stdout.write(render_topology(topology))
+        if not view.serves_root:
+            view.announce(args.json)
+        leases = view.leases() if view.serves_root else None
+        header = f"daemon: topod at {view.socket}: {view.lease_summary()}" if view.serves_root else None
+        sys.stdout.write(render_topology(topology, leases=leases, daemon_line=header))
         return 0
+    view.announce(args.json)
     from topod.cli.draw_cmd import draw
 
     leases = irq_plan = None
-    if args.socket:
-        from topod.cli.doctor_cmd import fetch_daemon_data
+    if view.serves_root:
+        from topod.cli.doctor_cmd import daemon_data
 
-        leases, irq_plan = fetch_daemon_data(args)
-        if leases is None:
-            print(f"topoctl: no daemon answered on {args.socket}; drawing without leases", file=sys.stderr)
+        leases, irq_plan = daemon_data(view)
     return int(draw(topology, fmt, args.output, leases=leases, irq_plan=irq_plan) or 0)
 
 
@@ -61,12 +66,17 @@ def run_snapshot(args: argparse.Namespace) -> int:
     from topod.host import HostRoot
     from topod.snapshot import write_snapshot
 
-    host = HostRoot(args.root)
+    root = args.root or "/"
+    host = HostRoot(root)
     name = os.path.basename(args.output)
     for suffix in (".tar.gz", ".tgz"):
         if name.endswith(suffix):
             name = name[: -len(suffix)]
     count = write_snapshot(host, args.output, name or "snapshot")
-    print(f"wrote {args.output}: {count} entries under {name}/ "
-          f"(extract with: tar xzf {args.output}; then topoctl topo --root {name})")
+    if args.json:
+        sys.stdout.write(json.dumps({"root": str(host.root), "output": args.output, "entries": count,
+                                     "top": name}) + "\n")
+    else:
+        sys.stdout.write(f"wrote {args.output} from root {host.root}: {count} entries under {name}/ "
+                         f"(extract with: tar xzf {args.output}; then topoctl topo --root {name})\n")
     return 0

@@ -1,62 +1,149 @@
-"""topoctl: the command-line client (host views work without a daemon)."""
+"""topoctl: the command-line client.
+
+Start-up is kept lean: the parser comes from a light table (topod.cli.commands) with only
+the chosen command populated, and the chosen handler's module is imported only now.
+Handlers write their whole output at once; errors writing standard output (a closed pipe,
+a full disk) are one line on stderr, never a traceback.
+"""
 
 from __future__ import annotations
 
-import argparse
-import importlib
-import json
-import os
 import sys
 
-from topod import __version__
 from topod.errors import TopodError
 
-# Subcommand modules, each exposing register(subparsers). Imported only to build the
-# parser; each keeps its heavy imports inside its handlers.
-COMMAND_MODULES = (
-    "topod.cli.topo_cmd",
-    "topod.cli.lease_cmd",
-    "topod.cli.irq_cmd",
-    "topod.cli.links_cmd",
-    "topod.cli.export_cmd",
-    "topod.cli.doctor_cmd",
-)
+
+class StdoutError(Exception):
+    """Writing standard output failed (EPIPE, ENOSPC, EIO, ...)."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(error.strerror or str(error))
+        self.error = error
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="topoctl", description="topod's command-line client")
-    parser.add_argument("--version", action="version", version=f"topoctl {__version__}")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
+class _GuardedStream:
+    """stdout, with write errors told apart from every other OSError."""
+
+    def __init__(self, stream) -> None:  # noqa: ANN001 - a text or binary stream
+        self._stream = stream
+
+    def write(self, data):  # noqa: ANN001, ANN201
         try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
-            continue
-        module.register(subparsers)
-    return parser
+            return self._stream.write(data)
+        except OSError as exc:
+            raise StdoutError(exc) from exc
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as exc:
+            raise StdoutError(exc) from exc
+
+    @property
+    def buffer(self) -> _GuardedStream:
+        return _GuardedStream(self._stream.buffer)
+
+    def __getattr__(self, name: str):  # noqa: ANN204
+        return getattr(self._stream, name)
+
+
+def missing_subcommand(args) -> int:  # noqa: ANN001 - argparse.Namespace
+    """`topoctl irq` or `topoctl export` without its subcommand: the command's help, status 2."""
+    import argparse
+
+    from topod.cli.commands import build_parser
+
+    parser = build_parser([args.command_name])
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    action.choices[args.command_name].print_help(sys.stderr)
+    return 2
+
+
+def _load(target: str):  # noqa: ANN202
+    module_name, _, function = target.partition(":")
+    module = __import__(module_name, fromlist=[function])
+    return getattr(module, function)
+
+
+def _report(exc: BaseException, as_json: bool) -> None:
+    if as_json:
+        import json
+
+        sys.stderr.write(json.dumps({"code": getattr(exc, "code", "error"), "message": str(exc)}) + "\n")
+    else:
+        sys.stderr.write(f"topoctl: {exc}\n")
+
+
+def _stdout_failed(exc: StdoutError, stream, as_json: bool) -> int:  # noqa: ANN001 - the real sys.stdout
+    import errno
+    import os
+
+    from topod.cli import exits
+
+    try:  # nothing more can reach the reader, and Python's exit flush must not complain
+        if stream.fileno() == 1:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+    except (OSError, ValueError, AttributeError):
+        pass  # a test's capture stream: nothing to silence
+    if exc.error.errno == errno.EPIPE or isinstance(exc.error, BrokenPipeError):
+        error = TopodError("standard output closed early (broken pipe); output cut short")
+        error.code = "stdout_closed"
+        _report(error, as_json)
+        return exits.PIPE
+    error = TopodError(f"writing standard output: {exc}")
+    error.code = "stdout_failed"
+    _report(error, as_json)
+    return exits.ERROR
+
+
+def _untranslated() -> None:
+    """argparse looks every message up through gettext (a catalogue search per string,
+    about 3 ms a start); topoctl's messages are English only, so skip the look-ups."""
+    import argparse
+
+    argparse._ = str
+    argparse.ngettext = lambda singular, plural, n: singular if n == 1 else plural
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    from topod.cli.commands import BY_NAME, build_parser
+
+    if argv is None:  # a real command line (not a test calling main): this process is topoctl's
+        _untranslated()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
-    handler = getattr(args, "handler", None)
-    if handler is None:
+    target = getattr(args, "handler", None)
+    if target is None:
         parser.print_help(sys.stderr)
         return 2
+    if args.root is not None and not BY_NAME[args.command_name].host_side:
+        parser.error(f"--root: `topoctl {args.command_name}` reads no host root (it asks the daemon)")
+    original = sys.stdout
+    sys.stdout = _GuardedStream(original)
     try:
-        return int(handler(args) or 0)
+        code = int(_load(target)(args) or 0)
+        sys.stdout.flush()
+        return code
+    except StdoutError as exc:
+        return _stdout_failed(exc, original, getattr(args, "json", False))
+    except BrokenPipeError as exc:
+        return _stdout_failed(StdoutError(exc), original, getattr(args, "json", False))
     except TopodError as exc:
-        if getattr(args, "json", False):
-            print(json.dumps({"code": exc.code, "message": str(exc)}), file=sys.stderr)
-        else:
-            print(f"topoctl: {exc}", file=sys.stderr)
-        return 1
-    except BrokenPipeError:
-        # `topoctl topo | head` closes the pipe early; that is not an error.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+        from topod.cli.exits import exit_code_of
+
+        _report(exc, getattr(args, "json", False))
+        return exit_code_of(exc)
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        sys.stdout = original
+
+
+def build_parser():  # noqa: ANN201 - the full parser (help, completions, man pages, tests)
+    from topod.cli.commands import build_parser as build
+
+    return build()
 
 
 if __name__ == "__main__":

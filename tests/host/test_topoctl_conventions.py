@@ -1,0 +1,236 @@
+"""topoctl's conventions: no abbreviations, global options anywhere, documented exit
+statuses, clean failures writing stdout, lean start-up, completions and man pages
+generated from the parsers."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from topod.cli.topoctl import build_parser, main
+
+REPO = Path(__file__).resolve().parents[2]
+ENV = dict(os.environ, PYTHONPATH=str(REPO), TOPOD_SOCKET="/nonexistent/topod.sock")
+
+
+@pytest.fixture(scope="module")
+def h800(tmp_path_factory):
+    from topod.hostspec import build_host, load_builtin_spec
+
+    return str(build_host(load_builtin_spec("h800-8gpu"), tmp_path_factory.mktemp("conv") / "h800"))
+
+
+def _topoctl(*argv: str, **kwargs) -> subprocess.CompletedProcess:
+    kwargs.setdefault("capture_output", "stdout" not in kwargs)
+    return subprocess.run([sys.executable, "-m", "topod.cli.topoctl", *argv], env=ENV, text=True, timeout=60,
+                          **kwargs)
+
+
+def _parsers(parser: argparse.ArgumentParser, path: str = "topoctl"):
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _parsers(sub, f"{path} {name}")
+
+
+def _options(parser: argparse.ArgumentParser) -> set[str]:
+    return {flag for _, p in _parsers(parser) for a in p._actions for flag in a.option_strings
+            if flag.startswith("--") and a.help != argparse.SUPPRESS}
+
+
+def test_no_parser_accepts_abbreviations(h800, capsys):
+    parsers = list(_parsers(build_parser()))
+    assert len(parsers) > 15 and all(p.allow_abbrev is False for _, p in parsers), \
+        [path for path, p in parsers if p.allow_abbrev]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["topo", "--roo", h800])
+    assert exit_info.value.code == 2 and "--roo" in capsys.readouterr().err
+
+
+def test_global_options_go_before_or_after_the_command(h800, capsys):
+    assert main(["--root", h800, "--json", "topo"]) == 0
+    before = json.loads(capsys.readouterr().out)
+    assert main(["topo", "--root", h800, "--json"]) == 0
+    after = json.loads(capsys.readouterr().out)
+    assert before == after and before["root"] == h800
+    assert main(["--json", "export", "slurm-gres", "--root", h800]) == 0
+    assert len(json.loads(capsys.readouterr().out)["gres"]) == 8
+
+
+def test_root_on_a_daemon_command_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--root", "/x", "leases"])
+    assert exit_info.value.code == 2 and "reads no host root" in capsys.readouterr().err
+
+
+def test_no_daemon_is_exit_status_75_in_one_line():
+    done = _topoctl("leases", "--socket", "/nonexistent/topod.sock")
+    assert done.returncode == 75
+    assert done.stderr.splitlines() == ["topoctl: cannot reach topod at /nonexistent/topod.sock: No such file or directory"]
+
+
+def test_host_commands_say_there_is_no_daemon_and_go_on(h800):
+    done = _topoctl("export", "slurm-gres", "--root", h800)
+    assert done.returncode == 0 and "Name=gpu" in done.stdout
+    assert done.stderr.splitlines() == [f"topoctl: root {h800}; no daemon at /nonexistent/topod.sock "
+                                        "(not running): host view only, no leases"]
+
+
+def test_a_reader_that_goes_away_gets_one_line_not_a_traceback(h800):
+    process = subprocess.Popen([sys.executable, "-m", "topod.cli.topoctl", "topo", "--root", h800],
+                               env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process.stdout.close()  # like `| head -0`: the reader is gone before the first write
+    err = process.stderr.read()
+    assert process.wait(timeout=60) == 141
+    lines = [line for line in err.splitlines() if not line.startswith("topoctl: root ")]
+    assert lines == ["topoctl: standard output closed early (broken pipe); output cut short"], err
+    # with --json, stderr stays JSON lines: the error is an object too
+    process = subprocess.Popen([sys.executable, "-m", "topod.cli.topoctl", "topo", "--root", h800, "--json"],
+                               env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process.stdout.close()
+    err = process.stderr.read()
+    assert process.wait(timeout=60) == 141
+    assert json.loads(err.splitlines()[-1])["code"] == "stdout_closed"
+    assert "Traceback" not in err and "Exception ignored" not in err
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
+def test_a_full_disk_is_one_line_and_status_1(h800):
+    with open("/dev/full", "w") as full:
+        done = _topoctl("topo", "--root", h800, stdout=full, stderr=subprocess.PIPE)
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[-1] == "topoctl: writing standard output: No space left on device"
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr
+
+
+def test_json_output_is_one_write(h800, monkeypatch):
+    class Counting(io.StringIO):
+        writes = 0
+
+        def write(self, text):
+            Counting.writes += 1
+            return super().write(text)
+
+    out = Counting()
+    monkeypatch.setattr(sys, "stdout", out)
+    assert main(["topo", "--root", h800, "--json"]) == 0
+    assert Counting.writes == 1 and json.loads(out.getvalue())["schema_version"] == 1
+
+
+def test_start_up_imports_only_the_chosen_command(h800):
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "topod.cli.topoctl", "topo", "--root", h800,
+                           "--json"], env=ENV, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+    assert "topod.cli.topo_cmd" in imported
+    for module in ("topod.cli.lease_cmd", "topod.cli.export_cmd", "topod.cli.doctor_cmd", "topod.cli.irq_cmd",
+                   "topod.cli.links_cmd", "topod.cli.completion", "http.client", "topod.client", "socket"):
+        assert module not in imported, module
+
+
+def test_help_documents_the_exit_statuses(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    for fragment in ("0 success", "2 usage", "3 not found", "75 temporary failure"):
+        assert fragment in out
+
+
+# -- completions -----------------------------------------------------------------------
+@pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")
+def test_bash_completion_completes_commands_options_and_choices(tmp_path, capsys):
+    assert main(["completion", "bash"]) == 0
+    script = tmp_path / "topoctl.bash"
+    script.write_text(capsys.readouterr().out)
+
+    def complete(*words: str) -> list[str]:
+        array = " ".join(f"'{w}'" for w in ("topoctl", *words))
+        done = subprocess.run(["bash", "-c", f"source {script}; COMP_WORDS=({array}); "
+                               f"COMP_CWORD={len(words)}; _topoctl; printf '%s\\n' \"${{COMPREPLY[@]}}\""],
+                              capture_output=True, text=True, check=True)
+        return done.stdout.split()
+
+    assert complete("irq", "pl") == ["plan"]
+    assert complete("topo", "--format", "") == ["text", "json", "dot", "svg", "png"]
+    assert set(complete("export", "nrt", "--le")) == {"--leased-gpus", "--leased-cpus"}
+    assert "--event" in complete("watch", "--")
+
+
+@pytest.mark.parametrize("shell", ["zsh", "fish"])
+def test_zsh_and_fish_completions_name_every_option(shell, capsys):
+    assert main(["completion", shell]) == 0
+    script = capsys.readouterr().out
+    names = _options(build_parser())
+    if shell == "fish":
+        missing = [o for o in names if f"-l {o[2:]}" not in script]
+    else:
+        missing = [o for o in names if f"'{o}[" not in script]
+    assert not missing
+    checker = shutil.which(shell)
+    if checker:
+        flag = ["-n"] if shell == "zsh" else ["--no-execute"]
+        subprocess.run([checker, *flag], input=script, text=True, check=True)
+
+
+# -- man pages ---------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def pages(tmp_path_factory):
+    from topod.cli.manpages import write_pages
+
+    return {path.name: path for path in write_pages(tmp_path_factory.mktemp("man"))}
+
+
+def _render(path: Path) -> str:
+    if shutil.which("groff") is None:
+        pytest.skip("groff not installed")
+    done = subprocess.run(["groff", "-man", "-Tutf8", "-ww", str(path)], capture_output=True, text=True,
+                          env=dict(os.environ, GROFF_NO_SGR="1"))
+    assert done.returncode == 0 and done.stderr == "", done.stderr  # -ww: any warning is a failure
+    return re.sub(r".\x08", "", done.stdout).replace("\u2010", "-").replace("\u2212", "-")
+
+
+def test_topoctl_1_is_valid_roff_listing_every_command_and_option(pages):
+    text = _render(pages["topoctl.1"])
+    parser = build_parser()
+    assert not [o for o in _options(parser) if o not in text]
+    for path, _ in _parsers(parser):
+        assert path in text, path
+    assert "EXIT STATUS" in text and "75" in text and "TOPOD_SOCKET" in text
+
+
+def test_topod_8_lists_every_daemon_option(pages):
+    from topod.service.main import build_parser as topod_parser
+
+    text = _render(pages["topod.8"])
+    options = {flag for a in topod_parser()._actions for flag in a.option_strings if flag.startswith("--")}
+    assert options >= {"--root", "--socket", "--state-dir", "--check-config"}
+    assert not [o for o in options if o not in text]
+
+
+def test_topod_toml_5_lists_every_key_with_its_documented_comment(pages):
+    from topod.config import SCHEMA
+
+    text = _render(pages["topod.toml.5"])
+    for section, keys in SCHEMA.items():
+        assert f"[{section}]" in text
+        for key in keys:
+            assert re.search(rf"^\s+{re.escape(key)} = ", text, re.M), f"{section}.{key}"
+    assert "lease database (SQLite, WAL)" in text  # a comment from etc/topod.toml
+
+
+@pytest.mark.skipif(shutil.which("man") is None, reason="man not installed")
+def test_man_reads_the_generated_pages(pages):
+    for path in pages.values():
+        done = subprocess.run(["man", "-l", str(path)], capture_output=True, text=True,
+                              env=dict(os.environ, MANPAGER="cat", PAGER="cat", MANWIDTH="100"))
+        assert done.returncode == 0 and "NAME" in done.stdout, done.stderr

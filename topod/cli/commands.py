@@ -1,0 +1,312 @@
+"""topoctl's parser, built from a light table: argparse only, no handler imported.
+
+Each command names its handler as "module:function"; topoctl imports that module only
+when the command runs. Only the chosen command's arguments are added when topoctl
+parses a command line (`build_parser(argv)`); `build_parser()` builds all of them (help,
+completion scripts, man pages).
+
+Global options (`--socket`, `--json`, `--root`) are accepted before or after the command:
+the top-level parser holds their defaults, and each subcommand adds them again with
+SUPPRESS defaults so that a value given after the command wins and an absent one does
+not overwrite a value given before it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+
+SUPPRESS = argparse.SUPPRESS
+
+
+class Formatter(argparse.HelpFormatter):
+    """argparse's formatter, sized without importing shutil (and with it zlib, bz2, lzma:
+    ~3 ms): argparse builds a formatter for every add_argument call."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
+                 width: int | None = None) -> None:
+        if width is None:
+            import os
+
+            try:
+                columns = int(os.environ.get("COLUMNS", "0")) or os.get_terminal_size(2).columns
+            except (OSError, ValueError):
+                columns = 80
+            width = max(columns, 40) - 2
+        super().__init__(prog, indent_increment, max_help_position, width)
+SOCKET_HELP = "daemon socket (default $TOPOD_SOCKET, else /run/topod/topod.sock)"
+ROOT_HELP = ("host root to read (a captured tree); default: the root the daemon on --socket serves, "
+             "else /")
+EXIT_STATUS = (
+    (0, "success"),
+    (1, "error (the message says what to fix)"),
+    (2, "usage error: unknown option, bad value"),
+    (3, "not found: unknown lease or GPU (topoctl doctor: findings reported)"),
+    (75, "temporary failure (EX_TEMPFAIL): no capacity now, queue full, daemon unavailable; retry later"),
+    (141, "standard output closed early (a reader such as head(1) stopped reading)"),
+)
+
+
+class Command:
+    """One topoctl command. (A plain class: dataclasses imports inspect, 7 ms at start-up.)"""
+
+    __slots__ = ("name", "help", "populate", "host_side")
+
+    def __init__(self, name: str, help: str, populate: Callable[[argparse.ArgumentParser], None],
+                 host_side: bool = False) -> None:
+        self.name = name
+        self.help = help
+        self.populate = populate
+        self.host_side = host_side  # reads a host root (--root); uses a daemon's leases when it serves that root
+
+
+def _globals(parser: argparse.ArgumentParser, root: bool) -> None:
+    group = parser.add_argument_group("global options (also accepted before the command)")
+    group.add_argument("--socket", default=SUPPRESS, metavar="PATH", help=SOCKET_HELP)
+    group.add_argument("--json", action="store_true", default=SUPPRESS, help="machine-readable output")
+    if root:
+        group.add_argument("--root", default=SUPPRESS, metavar="DIR", help=ROOT_HELP)
+
+
+def _handler(parser: argparse.ArgumentParser, target: str) -> None:
+    parser.set_defaults(handler=target)
+
+
+def _sub(parser: argparse.ArgumentParser, dest: str, metavar: str) -> argparse._SubParsersAction:
+    # prog given: argparse would otherwise format the parent's usage to compute it
+    return parser.add_subparsers(dest=dest, metavar=metavar, parser_class=argparse.ArgumentParser, prog=parser.prog)
+
+
+def _leaf(sub: argparse._SubParsersAction, name: str, help_text: str, root: bool = True) -> argparse.ArgumentParser:
+    parser = sub.add_parser(name, help=help_text, description=help_text, allow_abbrev=False,
+                            formatter_class=Formatter)
+    _globals(parser, root)
+    return parser
+
+
+# -- host-side commands ------------------------------------------------------------------
+def _topo(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--format", choices=("text", "json", "dot", "svg", "png"), default=None,
+                   help="output format (default text; --json means json); dot/svg/png draw the host with Graphviz")
+    p.add_argument("--output", "-o", default=None, metavar="FILE", help="file for --format svg/png/dot (default stdout)")
+    _handler(p, "topod.cli.topo_cmd:run_topo")
+
+
+def _snapshot(p: argparse.ArgumentParser) -> None:
+    p.add_argument("output", help="OUT.tar.gz")
+    _handler(p, "topod.cli.topo_cmd:run_snapshot")
+
+
+def _irq_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default=None, metavar="FILE",
+                   help="topod.toml whose [irq] section to use (default: defaults)")
+    p.add_argument("--leased-cpus", default="", metavar="CPUS",
+                   help="CPU list to treat as leased, e.g. 4-7 (added to the daemon's leased CPUs)")
+    p.add_argument("--banned-cpus", default=None, metavar="CPUS", help="override irq.banned_cpus")
+    p.add_argument("--housekeeping-cpus", default=None, metavar="CPUS", help="override irq.housekeeping_cpus")
+    p.add_argument("--irqbalance", choices=("yield", "ban"), default=None, help="override irq.irqbalance")
+
+
+def _irq(p: argparse.ArgumentParser) -> None:
+    sub = _sub(p, "irq_command", "SUBCOMMAND")
+    plan = _leaf(sub, "plan", "show where each device IRQ would go, and why (writes nothing)")
+    _irq_common(plan)
+    plan.add_argument("--interval", type=float, default=0.0, metavar="SECONDS",
+                      help="sample counters this many seconds to plan with measured load (default: counts only)")
+    _handler(plan, "topod.cli.irq_cmd:run_plan")
+    apply = _leaf(sub, "apply", "run one balancing cycle")
+    _irq_common(apply)
+    apply.add_argument("--oneshot", action="store_true", help="one cycle, then exit (continuous balancing is topod's)")
+    apply.add_argument("--dry-run", action="store_true", help="plan and report, write nothing")
+    apply.add_argument("--force", action="store_true",
+                       help="write even while a daemon balances this root continuously")
+    _handler(apply, "topod.cli.irq_cmd:run_apply")
+    _handler(p, "topod.cli.topoctl:missing_subcommand")
+
+
+def _links(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", default="host-memory",
+                   help="host-memory | cuda | simulated:<ground-truth table file>; default host-memory")
+    p.add_argument("--rounds", type=_positive_int, default=3, help="probe cycles to run; default 3")
+    _handler(p, "topod.cli.links_cmd:run_links")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from exc
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _export(p: argparse.ArgumentParser) -> None:
+    kinds = _sub(p, "export_kind", "KIND")
+    nrt = _leaf(kinds, "nrt", "Kubernetes NodeResourceTopology (v1alpha2) as YAML")
+    nrt.add_argument("--node-name", default=None, help="the Kubernetes Node name (default: the host's name)")
+    nrt.add_argument("--policy", default="none", help="the kubelet's --topology-manager-policy (default none)")
+    nrt.add_argument("--scope", default="container", help="the kubelet's --topology-manager-scope")
+    nrt.add_argument("--reserved-cpus", default="", metavar="CPUS",
+                     help="CPUs the kubelet does not hand out, e.g. 0-1,32-33")
+    nrt.add_argument("--leased-gpus", default="", metavar="GPUS",
+                     help="GPU indices in use, e.g. 0,1 (added to the daemon's leased GPUs)")
+    nrt.add_argument("--leased-cpus", default="", metavar="CPUS",
+                     help="CPUs in use, e.g. 2-9 (added to the daemon's leased CPUs)")
+    nrt.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
+                     help="a cluster label (rack=r12, leaf=l3); repeatable")
+    _handler(nrt, "topod.cli.export_cmd:run_nrt")
+
+    slurm = _leaf(kinds, "slurm-gres", "Slurm gres.conf lines for the GPUs")
+    slurm.add_argument("--node-name", default=None, help="prefix each line with NodeName=NAME")
+    _handler(slurm, "topod.cli.export_cmd:run_slurm")
+
+    nccl = _leaf(kinds, "nccl", "an NCCL topology XML (NCCL_TOPO_FILE)")
+    nccl.add_argument("--output", "-o", default=None, metavar="PATH",
+                      help="write the file atomically here (NCCL's default: /var/run/nvidia-topologyd/"
+                           "virtualTopology.xml); default: print it")
+    nccl.add_argument("--gpus", default=None, help="only these GPU indices (a lease's file), e.g. 0-3")
+    nccl.add_argument("--cpus", default=None, help="with --gpus: the lease's CPUs, narrowing each CPU affinity")
+    nccl.add_argument("--lease", default=None, metavar="ID",
+                      help="the file of this daemon lease (its GPUs and CPUs); exit 3 if there is none")
+    _handler(nccl, "topod.cli.export_cmd:run_nccl")
+    _handler(p, "topod.cli.topoctl:missing_subcommand")
+
+
+def _doctor(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--pid", type=int, action="append", default=None, metavar="PID",
+                   help="process to check (repeatable); default: every process holding a GPU open")
+    p.add_argument("--lease", action="append", default=None, metavar="ID",
+                   help="check the processes of this lease (repeatable; needs lease data)")
+    p.add_argument("--irq-interval", type=float, default=0.0, metavar="SECONDS",
+                   help="sample /proc/interrupts twice this far apart to measure IRQ rates "
+                        "(default 0: judge IRQs by affinity only)")
+    p.add_argument("--leases-file", default=None, metavar="FILE",
+                   help="JSON list of leases {id, owner, gpus, cpus, pids} (instead of asking the daemon)")
+    p.add_argument("--irq-plan-file", default=None, metavar="FILE",
+                   help="JSON object {irq: [cpus]}: where the IRQ plan puts each vector")
+    p.add_argument("--verbose", "-v", action="store_true", help="list every file each finding read")
+    _handler(p, "topod.cli.doctor_cmd:run_doctor")
+
+
+# -- daemon commands ---------------------------------------------------------------------
+def _request_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gpus", type=int, required=True, help="number of GPUs")
+    p.add_argument("--level", choices=("best", "good", "any"), default=None,
+                   help="topology level to reach (default: the daemon's, good)")
+    p.add_argument("--priority", type=int, default=None, help="higher is served first and may preempt")
+    p.add_argument("--cpus-per-gpu", type=int, default=None, help="CPUs leased beside each GPU")
+    p.add_argument("--must-include", default=None, metavar="GPUS", help="comma-separated GPU indices")
+    p.add_argument("--min-memory-mib", type=int, default=None, help="only GPUs with at least this memory")
+    p.add_argument("--model", default=None, help="GPU model substring")
+    p.add_argument("--preemptible", action="store_true", help="a higher-priority request may preempt this lease")
+    p.add_argument("--ttl", type=float, default=None, metavar="SECONDS", help="lease ends after this many seconds")
+    p.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                   help="queue up to this many seconds (0 = fail fast)")
+    p.add_argument("--job", default=None, help="free-form job label")
+
+
+def _allocate(p: argparse.ArgumentParser) -> None:
+    _request_args(p)
+    p.add_argument("--owner-pid", type=int, default=None, metavar="PID", help="lease ends when this process exits")
+    _handler(p, "topod.cli.lease_cmd:run_allocate")
+
+
+def _release(p: argparse.ArgumentParser) -> None:
+    p.add_argument("lease", help="lease id")
+    _handler(p, "topod.cli.lease_cmd:run_release")
+
+
+def _renew(p: argparse.ArgumentParser) -> None:
+    p.add_argument("lease", help="lease id")
+    p.add_argument("--ttl", type=float, default=None, metavar="SECONDS", help="new ttl (default: the lease's)")
+    _handler(p, "topod.cli.lease_cmd:run_renew")
+
+
+def _leases(p: argparse.ArgumentParser) -> None:
+    _handler(p, "topod.cli.lease_cmd:run_leases")
+
+
+def _watch(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--count", type=int, default=0, help="stop after this many (matching) events")
+    p.add_argument("--event", action="extend", nargs="+", default=None, metavar="NAME",
+                   help="only these events, e.g. --event lease_granted lease_released (repeatable)")
+    _handler(p, "topod.cli.lease_cmd:run_watch")
+
+
+def _status(p: argparse.ArgumentParser) -> None:
+    _handler(p, "topod.cli.lease_cmd:run_status")
+
+
+def _run(p: argparse.ArgumentParser) -> None:
+    _request_args(p)
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
+    _handler(p, "topod.cli.lease_cmd:run_run")
+
+
+def _completion(p: argparse.ArgumentParser) -> None:
+    p.add_argument("shell", choices=("bash", "zsh", "fish"), help="the shell to write a completion script for")
+    _handler(p, "topod.cli.completion:run_completion")
+
+
+COMMANDS: tuple[Command, ...] = (
+    Command("topo", "show the host's topology (tree and nvidia-smi style device matrix)", _topo, host_side=True),
+    Command("snapshot", "capture the host tree topod reads into a tar.gz", _snapshot, host_side=True),
+    Command("irq", "plan or apply IRQ affinity", _irq, host_side=True),
+    Command("links", "measure links and compare them with the topology model", _links, host_side=True),
+    Command("export", "export the topology for Kubernetes, Slurm or NCCL", _export, host_side=True),
+    Command("doctor", "check GPU processes' CPU, memory and IRQ placement", _doctor, host_side=True),
+    Command("allocate", "lease GPUs with their near cores and memory", _allocate),
+    Command("release", "end a lease", _release),
+    Command("renew", "extend a lease's ttl", _renew),
+    Command("leases", "list leases", _leases),
+    Command("watch", "follow the daemon's events", _watch),
+    Command("status", "the daemon's health", _status),
+    Command("run", "allocate, run a command pinned to the lease, release", _run),
+    Command("completion", "print a shell completion script (bash, zsh, fish)", _completion),
+)
+BY_NAME = {command.name: command for command in COMMANDS}
+_VALUED_GLOBALS = ("--socket", "--root")
+
+
+def chosen_command(argv: Sequence[str]) -> str | None:
+    """The command word of argv (skipping global options before it), or None."""
+    skip = False
+    for token in argv:
+        if skip:
+            skip = False
+            continue
+        if token in _VALUED_GLOBALS:
+            skip = True
+            continue
+        if token == "--":
+            return None
+        if token.startswith("-"):
+            continue
+        return token
+    return None
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The whole parser (argv None), or one whose only populated command is argv's."""
+    from topod import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="topoctl", allow_abbrev=False, formatter_class=Formatter,
+        description="topod's command-line client: host views (topo, irq, export, doctor, links, snapshot) "
+                    "and the daemon's leases (allocate, release, renew, leases, watch, status, run)",
+        epilog="exit status: " + "; ".join(f"{code} {text}" for code, text in EXIT_STATUS))
+    parser.add_argument("--version", action="version", version=f"topoctl {__version__}")
+    parser.add_argument("--socket", default=None, metavar="PATH", help=SOCKET_HELP)
+    parser.add_argument("--json", action="store_true", default=False, help="machine-readable output")
+    parser.add_argument("--root", default=None, metavar="DIR", help=ROOT_HELP)
+    subparsers = _sub(parser, "command_name", "COMMAND")
+    wanted = None if argv is None else chosen_command(argv)
+    populate_all = wanted not in BY_NAME
+    for command in COMMANDS:
+        sub = subparsers.add_parser(command.name, help=command.help, description=command.help, allow_abbrev=False,
+                                    formatter_class=Formatter)
+        if populate_all or command.name == wanted:
+            _globals(sub, command.host_side)
+            command.populate(sub)
+    return parser
