@@ -87,7 +87,7 @@ def naive_round_robin(topology: Topology, inputs: PlanInput) -> dict[int, int]:
 
 def bench_big(runs: int) -> None:
     topology = big_topology()
-    settings = IrqSettings()
+    settings = IrqSettings(mode="continuous")
     counts = big_inputs(topology)
     loaded = big_inputs(topology, weights=True)
     # Steady state: the current placement is the plan's own, so stickiness does the work.
@@ -111,7 +111,7 @@ def bench_host(runs: int) -> None:
         host = HostRoot(root)
         topology = discover(host)
         snapshot = read_snapshot(host, 0.0)
-        settings = IrqSettings()
+        settings = IrqSettings(mode="continuous")
 
         def plan() -> None:
             irqs = classify_irqs(topology, snapshot.interrupts)
@@ -160,7 +160,7 @@ def bench_lease_change(name: str, host: HostRoot, topology: Topology, leased: fr
                        lease: frozenset[int], runs: int) -> None:
     """Converge, then time one steady full cycle and one replan() per lease change (a job's
     CPUs leased, then released, in turn)."""
-    balancer = IrqBalancer(host, IrqSettings())
+    balancer = IrqBalancer(host, IrqSettings(mode="continuous"))
     for _ in range(3):
         balancer.cycle(topology, leased)  # converge (the first cycle moves the storm)
     assert balancer.cycle(topology, leased).moves == 0

@@ -1,16 +1,32 @@
-"""Parsers for the kernel's CPU list and mask formats (text in, values out)."""
+"""Parsers for the kernel's CPU list and mask formats (text in, values out).
+
+Both are bounded: a list or mask naming a CPU at or beyond `limit` (default MAX_CPUS,
+or the host's possible CPUs) raises CpuListRangeError instead of expanding, so
+'0-4294967295' costs nothing."""
 
 from __future__ import annotations
 
+import re
 
-def parse_cpulist(text: str) -> list[int]:
-    """'0-3,8,10-11' -> [0, 1, 2, 3, 8, 10, 11]. Raises ValueError on garbage.
+# More than any kernel's NR_CPUS (8,192 on the largest distribution configs).
+MAX_CPUS = 1 << 16
+_HEX_WORD = re.compile(r"^[0-9a-fA-F]{1,8}$")
+
+
+class CpuListRangeError(ValueError):
+    """A CPU list or mask that names CPUs beyond the limit (or more CPUs than it)."""
+
+
+def parse_cpulist(text: str, limit: int = MAX_CPUS) -> list[int]:
+    """'0-3,8,10-11' -> [0, 1, 2, 3, 8, 10, 11]. Raises ValueError on garbage and
+    CpuListRangeError (a ValueError) for a CPU id >= limit.
 
     Also accepts the stride form '0-15:2' (used on kernel command lines)."""
     text = text.strip()
     if not text:
         return []
     cpus: set[int] = set()
+    expanded = 0
     for part in text.split(","):
         part = part.strip()
         if not part:
@@ -20,36 +36,53 @@ def parse_cpulist(text: str) -> list[int]:
             part, stride_text = part.split(":", 1)
             stride = int(stride_text.split("/")[0])
             if stride <= 0:
-                raise ValueError(f"bad stride in cpulist {text!r}")
+                raise ValueError(f"bad stride in cpulist {_short(text)}")
         if "-" in part:
             low_text, high_text = part.split("-", 1)
             low, high = int(low_text), int(high_text)
             if low < 0 or high < low:
-                raise ValueError(f"bad range {part!r} in cpulist {text!r}")
-            cpus.update(range(low, high + 1, stride))
+                raise ValueError(f"bad range {_short(part)} in cpulist {_short(text)}")
         else:
-            value = int(part)
-            if value < 0:
-                raise ValueError(f"negative cpu in cpulist {text!r}")
-            cpus.add(value)
+            low = high = int(part)
+            if low < 0:
+                raise ValueError(f"negative cpu in cpulist {_short(text)}")
+        if high >= limit:
+            raise CpuListRangeError(f"cpu {high} in cpulist {_short(text)} is beyond the {limit}-CPU limit")
+        span = range(low, high + 1, stride)
+        # A kernel list names each CPU once; repeated ranges cannot cost more than `limit`.
+        expanded += len(span)
+        if expanded > limit:
+            raise CpuListRangeError(f"cpulist {_short(text)} names more than {limit} CPUs")
+        cpus.update(span)
     return sorted(cpus)
 
 
-def parse_cpumask(text: str) -> list[int]:
+def parse_cpumask(text: str, limit: int = MAX_CPUS) -> list[int]:
     """'00000000,0000ff00' -> [8..15]. Comma-separated 32-bit hex words, most
-    significant first, as in local_cpus and smp_affinity. Raises ValueError."""
+    significant first, as in local_cpus and smp_affinity. Raises ValueError, and
+    CpuListRangeError for a set bit at or beyond limit (or more words than it needs)."""
     words = text.strip().replace("\n", "").split(",")
-    if not words or any(not word for word in words):
-        raise ValueError(f"bad cpumask {text!r}")
-    value = int("".join(words), 16)
-    cpus = []
-    bit = 0
-    while value:
-        if value & 1:
-            cpus.append(bit)
-        value >>= 1
-        bit += 1
+    if not words or any(not _HEX_WORD.match(word) for word in words):
+        raise ValueError(f"bad cpumask {_short(text)}")
+    cpus: list[int] = []
+    for position, word in enumerate(reversed(words)):
+        value = int(word, 16)
+        if not value:
+            continue
+        base = 32 * position
+        if base + value.bit_length() > limit:
+            raise CpuListRangeError(f"cpumask {_short(text)} sets CPU {base + value.bit_length() - 1}, "
+                                    f"beyond the {limit}-CPU limit")
+        while value:
+            low = value & -value
+            cpus.append(base + low.bit_length() - 1)
+            value ^= low
     return cpus
+
+
+def _short(text: str, width: int = 48) -> str:
+    """repr of text, cut to width characters (error messages quote host input)."""
+    return repr(text) if len(text) <= width else repr(text[:width]) + f"... ({len(text)} chars)"
 
 
 def format_cpulist(cpus: list[int] | set[int] | tuple[int, ...]) -> str:

@@ -54,3 +54,33 @@ class AllocationError(TopodError):
     """A request that cannot be met as asked."""
 
     code = "allocation_failed"
+
+
+class HostFileMissingError(HostReadError):
+    """A host file that is not there (ENOENT/ENOTDIR): usually normal, the caller decides."""
+
+    code = "file_missing"
+
+
+class HostPermissionError(HostReadError):
+    """A host file topod may not read (EACCES/EPERM): run as root or fix the mode."""
+
+    code = "permission_denied"
+
+
+class NotARegularFileError(HostReadError):
+    """A FIFO, socket, device or directory where the host tree should hold a plain file."""
+
+    code = "not_a_regular_file"
+
+
+class HostFileTooLargeError(HostReadError):
+    """A host file larger than the cap for its path; topod refuses to read it."""
+
+    code = "file_too_large"
+
+
+class HostFileUnreadableError(HostReadError):
+    """Any other I/O error reading a host file (EIO, ELOOP, ...); the message has the errno."""
+
+    code = "read_error"

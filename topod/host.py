@@ -2,20 +2,117 @@
 
 Every path below /sys, /proc, /dev and /run/udev goes through a HostRoot, so the
 daemon and its tests run just as well against a captured host tree as against `/`.
+
+Reads are defensive, because a host tree may be hostile (a captured tree from anywhere,
+or a live /sys with odd drivers): only regular files are opened (a FIFO, socket, device
+or directory is refused before it is opened), every read is capped in size, and a read
+that fails for any reason other than "not there" is recorded as a ReadProblem that
+discovery turns into a Topology warning. `read()` answers None for any failure;
+`read_bytes()` is the strict form that raises a HostReadError subclass saying which.
 """
 
 from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Callable
+import stat
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
-from topod.errors import HostWriteError, NotAHostTreeError
+from topod.errors import (
+    HostFileMissingError,
+    HostFileTooLargeError,
+    HostFileUnreadableError,
+    HostPermissionError,
+    HostReadError,
+    HostWriteError,
+    NotAHostTreeError,
+    NotARegularFileError,
+)
 
 # A write hook gets (relative path, text) and may raise OSError to simulate what a
 # kernel answers (EIO for a managed IRQ, ENOSPC for exhausted vectors, ...).
 WriteFault = Callable[[str, str], None]
+
+MiB = 1024 * 1024
+# The default cap on one read. Every sysfs attribute is one page (4 KiB) at most.
+READ_CAP = 1 * MiB
+# Files that grow with the CPU or IRQ count get their own caps. Measured: /proc/interrupts
+# in the kernel's format ("%10u " per CPU) with 4,096 CPU columns, 200 IRQ lines and the
+# 20 x86 summary lines is 9,973,086 bytes (9.5 MiB); 64 MiB holds ~1,450 IRQ lines at
+# 4,096 CPUs. /proc/cpuinfo is ~2 KiB per CPU on x86 (the flags line), ~8 MiB at 4,096.
+CAPS_BY_PATH: dict[str, int] = {
+    "proc/interrupts": 64 * MiB,
+    "proc/cpuinfo": 32 * MiB,
+    "proc/softirqs": 8 * MiB,
+    "proc/stat": 8 * MiB,
+}
+# By file name, anywhere: a process's numa_maps has one line per mapping (65,530 at most).
+CAPS_BY_NAME: dict[str, int] = {"numa_maps": 16 * MiB}
+# How many recent read problems a HostRoot keeps (a daemon's reads never grow it further).
+PROBLEMS_KEPT = 256
+
+_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK | os.O_CLOEXEC
+_MISSING = (errno.ENOENT, errno.ENOTDIR)
+_DENIED = (errno.EACCES, errno.EPERM)
+_CHUNK = 65536
+
+
+@dataclass(frozen=True, slots=True)
+class ReadProblem:
+    """A host file that is there but could not be read; code is the warning code
+    (permission_denied, not_a_regular_file, file_too_large, read_error)."""
+
+    code: str
+    path: str  # relative to the root
+    reason: str
+
+
+_NAME_SUFFIXES = tuple(f"/{name}" for name in CAPS_BY_NAME)
+
+
+def read_cap(rel: str) -> int:
+    """The most bytes topod reads from the file at rel (relative to the root)."""
+    rel = rel.lstrip("/")
+    if rel.endswith(_NAME_SUFFIXES):
+        return CAPS_BY_NAME[rel.rsplit("/", 1)[-1]]
+    return CAPS_BY_PATH.get(rel, READ_CAP)
+
+
+def _file_kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode):
+        return "a character device"
+    if stat.S_ISBLK(mode):
+        return "a block device"
+    return "not a regular file"
+
+
+def _fail(cls: type[HostReadError], rel: str, reason: str) -> HostReadError:
+    error = cls(f"{rel}: {reason}")
+    error.path = rel  # type: ignore[attr-defined]
+    error.reason = reason  # type: ignore[attr-defined]
+    return error
+
+
+def _os_failure(rel: str, exc: OSError) -> HostReadError:
+    code = exc.errno or errno.EIO
+    reason = os.strerror(code)
+    if code in _MISSING:
+        return _fail(HostFileMissingError, rel, reason)
+    if code in _DENIED:
+        return _fail(HostPermissionError, rel, f"{reason}; run as root or make it readable")
+    return _fail(HostFileUnreadableError, rel, f"{reason} (errno {errno.errorcode.get(code, code)})")
 
 
 class HostRoot:
@@ -25,12 +122,23 @@ class HostRoot:
         self.root = Path(root)
         self._prefix = str(self.root).rstrip("/")  # string paths: pathlib costs 15 us a join
         self.write_fault: WriteFault | None = None
+        # The most recent read problems, for any reader; discovery collects its own.
+        self.read_problems: deque[ReadProblem] = deque(maxlen=PROBLEMS_KEPT)
+        self._collectors = threading.local()
+        self._real_root: str | None = None
         if check:
             self._check_is_host_tree()
 
     @property
     def is_live(self) -> bool:
-        return self.root.resolve() == Path("/")
+        return self.real_root == "/"
+
+    @property
+    def real_root(self) -> str:
+        """The root with every link followed (computed once)."""
+        if self._real_root is None:
+            self._real_root = os.path.realpath(self._prefix or "/")
+        return self._real_root
 
     def _check_is_host_tree(self) -> None:
         if not self.root.is_dir():
@@ -46,25 +154,129 @@ class HostRoot:
     def _str(self, rel: str) -> str:
         return f"{self._prefix}/{rel.lstrip('/')}"
 
-    def read(self, rel: str) -> str | None:
-        """The file's text, or None when it is missing or unreadable."""
+    # ------------------------------------------------------------------ problems
+
+    @contextmanager
+    def collecting_problems(self) -> Iterator[list[ReadProblem]]:
+        """Within the block, read problems of this thread are also appended to the list
+        yielded (discovery turns them into warnings)."""
+        stack: list[list[ReadProblem]] | None = getattr(self._collectors, "stack", None)
+        if stack is None:
+            stack = self._collectors.stack = []
+        problems: list[ReadProblem] = []
+        stack.append(problems)
         try:
-            fd = os.open(self._str(rel), os.O_RDONLY | os.O_CLOEXEC)
-        except (OSError, ValueError):
-            return None
+            yield problems
+        finally:
+            stack.pop()
+
+    def _record(self, error: HostReadError) -> None:
+        problem = ReadProblem(error.code, error.path, error.reason)  # type: ignore[attr-defined]
+        self.read_problems.append(problem)
+        for problems in getattr(self._collectors, "stack", ()):
+            problems.append(problem)
+
+    # ------------------------------------------------------------------ reads
+
+    def read_bytes(self, rel: str, *, limit: int | None = None) -> bytes:
+        """The file's bytes. Raises HostFileMissingError, HostPermissionError,
+        NotARegularFileError, HostFileTooLargeError (over `limit`, default read_cap(rel))
+        or HostFileUnreadableError. Never opens anything but a regular file, never reads
+        more than the cap, never blocks on a FIFO."""
+        data = self._load(rel.lstrip("/"), limit)
+        if data is None:
+            raise _fail(HostFileMissingError, rel.lstrip("/"), os.strerror(errno.ENOENT))
+        return data
+
+    def _load(self, rel: str, limit: int | None, dir_fd: int | None = None, name: str = "") -> bytes | None:
+        """read_bytes, with None for a missing file (discovery asks for many: no exception).
+        With dir_fd, the file is `name` in that open directory (rel names it in errors)."""
+        path = f"{self._prefix}/{rel}" if dir_fd is None else name
+        if limit is not None:
+            cap = limit
+        elif rel.endswith(_NAME_SUFFIXES):
+            cap = read_cap(rel)
+        else:
+            cap = CAPS_BY_PATH.get(rel, READ_CAP)
         try:
-            chunks = []
-            while chunk := os.read(fd, 65536):
-                chunks.append(chunk)
-        except OSError:
-            return None
+            # stat before open: opening a FIFO blocks and opening a device can act
+            # (a watchdog arms itself); neither is ever opened.
+            before = os.stat(path, dir_fd=dir_fd)
+        except OSError as exc:
+            if exc.errno in _MISSING:
+                return None
+            raise _os_failure(rel, exc) from None
+        except ValueError:  # a NUL in the path
+            raise _fail(HostFileUnreadableError, rel, "path holds a NUL byte") from None
+        if not stat.S_ISREG(before.st_mode):
+            raise _fail(NotARegularFileError, rel, f"{_file_kind(before.st_mode)} where a file was expected; not read")
+        if before.st_size > cap:
+            raise _fail(HostFileTooLargeError, rel, f"{before.st_size} bytes, over the {cap}-byte cap; not read")
+        try:
+            fd = os.open(path, _OPEN_FLAGS, dir_fd=dir_fd)
+        except OSError as exc:
+            if exc.errno in _MISSING:
+                return None
+            raise _os_failure(rel, exc) from None
+        try:
+            opened = os.fstat(fd)
+            if not stat.S_ISREG(opened.st_mode) or opened.st_ino != before.st_ino or opened.st_dev != before.st_dev:
+                raise _fail(NotARegularFileError, rel, "replaced by something else while opening; not read")
+            # sysfs says 4096 and procfs 0 for every file: the size is known only by reading.
+            # A file on disk that gave exactly its size is whole (one read, not two).
+            size = opened.st_size
+            first = os.read(fd, min(cap + 1, max(size + 1, 8192)))
+            if first and len(first) <= cap and len(first) != size:
+                chunks = [first]
+                total = len(first)
+                while chunk := os.read(fd, min(_CHUNK, cap + 1 - total)):
+                    chunks.append(chunk)
+                    total += len(chunk)
+                    if total > cap:
+                        break
+                data = b"".join(chunks) if len(chunks) > 1 else first
+            else:
+                data = first
+        except OSError as exc:
+            raise _os_failure(rel, exc) from None
         finally:
             os.close(fd)
-        return b"".join(chunks).decode("utf-8", errors="replace")
+        if len(data) > cap:
+            raise _fail(HostFileTooLargeError, rel, f"more than the {cap}-byte cap; not read")
+        return data
+
+    def read_data(self, rel: str, *, limit: int | None = None) -> bytes | None:
+        """The file's bytes, or None when it cannot be read. A missing file is silent;
+        any other failure is recorded in read_problems (and any collecting_problems)."""
+        try:
+            return self._load(rel.lstrip("/"), limit)
+        except HostReadError as exc:
+            self._record(exc)
+            return None
+
+    def read(self, rel: str, *, limit: int | None = None) -> str | None:
+        """The file's text (UTF-8, bad bytes replaced), or None as read_data says."""
+        data = self.read_data(rel, limit=limit)
+        return None if data is None else data.decode("utf-8", errors="replace")
 
     def read_line(self, rel: str) -> str | None:
         text = self.read(rel)
         return None if text is None else text.strip()
+
+    def open_dir(self, rel: str) -> HostDir | None:
+        """A directory opened once, to read many files in it by name (a PCI function's
+        attributes); None when it is missing or not a directory (recorded when it is
+        there but unreadable). Close it, or use it as a context manager."""
+        rel = rel.strip("/")
+        try:
+            fd = os.open(f"{self._prefix}/{rel}", _DIR_FLAGS)
+        except OSError as exc:
+            if exc.errno not in _MISSING:
+                self._record(_os_failure(rel, exc))
+            return None
+        except ValueError:
+            return None
+        return HostDir(self, rel, fd)
 
     def exists(self, rel: str) -> bool:
         return os.path.lexists(self._str(rel))
@@ -73,31 +285,41 @@ class HostRoot:
         return os.path.isdir(self._str(rel))
 
     def listdir(self, rel: str) -> list[str]:
-        """Entry names, sorted; empty when the directory is missing."""
+        """Entry names, sorted; empty when the directory is missing (and recorded when it
+        is there but unreadable)."""
         try:
             return sorted(os.listdir(self._str(rel)))
-        except OSError:
+        except OSError as exc:
+            if exc.errno not in _MISSING:
+                self._record(_os_failure(rel.lstrip("/"), exc))
+            return []
+        except ValueError:
             return []
 
     def readlink(self, rel: str) -> str | None:
         try:
             return os.readlink(self._str(rel))
-        except OSError:
+        except (OSError, ValueError):
             return None
 
-    def resolve(self, rel: str) -> str | None:
-        """The path of rel after following links, relative to the root; None when it dangles
-        or leaves the root."""
-        target = self.path(rel)
+    def resolve(self, rel: str, memo: dict[str, str] | None = None) -> str | None:
+        """The path of rel after following links, relative to the root; None when it dangles,
+        loops or leaves the root. With a memo (a dict the caller keeps for one pass over
+        an unchanging tree) the directories many paths share are looked at once."""
         try:
-            real = target.resolve(strict=True)
-        except (OSError, RuntimeError):
+            if memo is None:
+                real = os.path.realpath(self._str(rel), strict=True)
+            else:
+                path = self._str(rel)
+                real = _realpath(path if path.startswith("/") else f"{os.getcwd()}/{path}", memo, 0)
+        except (OSError, ValueError, RuntimeError):
             return None
-        root = self.root.resolve()
-        try:
-            return "/" + str(real.relative_to(root))
-        except ValueError:
-            return None
+        root = self.real_root
+        if root == "/":
+            return real
+        if real.startswith(root) and real[len(root) : len(root) + 1] == "/":
+            return real[len(root) :]
+        return "/" if real == root else None
 
     def write(self, rel: str, text: str) -> None:
         """Write text to a host file; the only way topod changes the host."""
@@ -112,3 +334,74 @@ class HostRoot:
         except OSError as exc:
             code = exc.errno or errno.EIO
             raise HostWriteError(rel, code, os.strerror(code)) from exc
+
+
+class HostDir:
+    """One directory under a HostRoot, open: files in it are read by name without looking
+    the directory's path up again; the same checks, caps and problem records as
+    HostRoot.read."""
+
+    __slots__ = ("host", "rel", "fd")
+
+    def __init__(self, host: HostRoot, rel: str, fd: int) -> None:
+        self.host, self.rel, self.fd = host, rel, fd
+
+    def read(self, name: str) -> str | None:
+        rel = f"{self.rel}/{name}"
+        try:
+            data = self.host._load(rel, None, self.fd, name)
+        except HostReadError as exc:
+            self.host._record(exc)
+            return None
+        return None if data is None else data.decode("utf-8", errors="replace")
+
+    def read_line(self, name: str) -> str | None:
+        text = self.read(name)
+        return None if text is None else text.strip()
+
+    def listdir(self) -> list[str]:
+        """The directory's entry names, sorted (empty when it cannot be listed)."""
+        try:
+            return sorted(os.listdir(self.fd))
+        except OSError as exc:
+            self.host._record(_os_failure(self.rel, exc))
+            return []
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> HostDir:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+_MAX_LINK_DEPTH = 40  # the kernel's limit on nested symbolic links
+
+
+def _realpath(path: str, memo: dict[str, str], depth: int) -> str:
+    """os.path.realpath(path, strict=True) for an absolute path, remembering
+    what each prefix resolved to in memo. Raises OSError (ENOENT, ENOTDIR, ELOOP)."""
+    if depth > _MAX_LINK_DEPTH:
+        raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
+    result = "/"
+    for name in path.split("/"):
+        if not name or name == ".":
+            continue
+        if name == "..":
+            result = os.path.dirname(result)
+            continue
+        candidate = f"{result}/{name}" if result != "/" else f"/{name}"
+        known = memo.get(candidate)
+        if known is None:
+            if stat.S_ISLNK(os.lstat(candidate).st_mode):
+                target = os.readlink(candidate)
+                known = _realpath(f"{result}/{target}" if not target.startswith("/") else target, memo, depth + 1)
+            else:
+                known = candidate
+            memo[candidate] = known
+        result = known
+    return result

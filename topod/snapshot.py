@@ -30,7 +30,6 @@ PCI_CHILD_CLASSES = ("net", "infiniband", "nvme", "drm")
 PROC_FILES = ("cpuinfo", "meminfo", "stat", "interrupts", "softirqs", "cmdline")
 IRQ_FILES = ("smp_affinity_list", "effective_affinity_list", "node", "smp_affinity")
 PCI_ADDRESS = re.compile(r"^[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
-MAX_FILE = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,12 +55,12 @@ def collect(host: HostRoot) -> Iterator[Entry]:
 
 
 def _file(host: HostRoot, rel: str) -> Iterator[Entry]:
-    try:
-        with open(host.path(rel), "rb") as handle:
-            data = handle.read(MAX_FILE)
-    except OSError:
-        return
-    yield Entry(rel, data=data)
+    """A regular file within its read cap (topod.host.read_cap); anything else is left out:
+    a missing file silently, the others noted in host.read_problems. A FIFO never
+    blocks the snapshot, and a file over its cap is not copied cut short."""
+    data = host.read_data(rel)
+    if data is not None:
+        yield Entry(rel, data=data)
 
 
 def _link(host: HostRoot, rel: str) -> Iterator[Entry]:

@@ -1,8 +1,12 @@
 """Odd and broken host trees: never a crash, never an invented value, always a warning."""
 
+import errno
 import json
 import os
 import shutil
+import signal
+import time
+from contextlib import contextmanager
 
 import pytest
 
@@ -17,6 +21,22 @@ def _discover(root):
 
 def _codes(topo):
     return {w.code for w in topo.warnings}
+
+
+@contextmanager
+def _within(seconds):
+    """Fail instead of hanging the suite when the block blocks (a FIFO opened for reading)."""
+
+    def expire(signum, frame):
+        raise TimeoutError(f"blocked for more than {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 
@@ -180,3 +200,152 @@ def test_degraded_pcie_link_is_visible(host_tree):
     address = _discover(root).gpu(2).address
     (_device_path(root, address) / "current_link_width").write_text("8\n")
     assert _discover(root).device(address).link.degraded is True
+
+
+# ---------------------------------------------------------------- hostile input
+
+
+def _warnings(topo, code):
+    return [w for w in topo.warnings if w.code == code]
+
+
+def test_huge_online_cpulist_is_out_of_range_and_per_cpu_flags_are_used(host_tree):
+    root = host_tree("vm-nogpu")
+    (root / "sys/devices/system/cpu/online").write_text("0-4294967295\n")
+    started = time.perf_counter()
+    topo = _discover(root)
+    assert time.perf_counter() - started < 5
+    assert [c.id for c in topo.cpus if c.online] == [0, 1, 2, 3]
+    [warning] = _warnings(topo, "cpulist_out_of_range")
+    assert warning.path == "sys/devices/system/cpu/online" and "4294967295" in warning.reason
+
+
+def test_cpu_lists_beyond_the_possible_cpus_are_ignored(host_tree):
+    root = host_tree("h800-8gpu")
+    address = _discover(root).gpu(0).address
+    (root / "sys/devices/system/cpu/possible").write_text("0-63\n")
+    (_device_path(root, address) / "local_cpulist").write_text("0-64\n")
+    (_device_path(root, address) / "numa_node").write_text("-1\n")
+    (root / "sys/devices/system/node/node1/cpulist").write_text("0-99999\n")
+    (root / "sys/devices/system/node/node1/cpumap").write_text("ffff0000,ffff0000\n")
+    topo = _discover(root)
+    paths = {w.path for w in _warnings(topo, "cpulist_out_of_range")}
+    assert any(p.endswith(f"{address}/local_cpulist") for p in paths)
+    assert "sys/devices/system/node/node1/cpulist" in paths
+    assert topo.node(1).cpus == tuple(range(16, 32)) + tuple(range(48, 64))  # from cpumap
+    assert topo.device(address).numa_node == 0  # from the local_cpus mask instead
+
+
+def test_giant_local_cpus_mask_is_out_of_range_not_expanded(host_tree):
+    root = host_tree("h800-8gpu")
+    address = _discover(root).gpu(3).address
+    path = _device_path(root, address)
+    (path / "local_cpulist").unlink()
+    (path / "local_cpus").write_text(",".join(["ffffffff"] * 30_000) + "\n")
+    started = time.perf_counter()
+    topo = _discover(root)
+    assert time.perf_counter() - started < 5
+    assert any(w.path.endswith(f"{address}/local_cpus") for w in _warnings(topo, "cpulist_out_of_range"))
+    assert topo.device(address).numa_node == 0  # firmware numa_node still holds
+
+
+def test_fifo_in_the_tree_is_skipped_with_a_warning_not_waited_on(host_tree):
+    root = host_tree("h800-8gpu")
+    meminfo = root / "sys/devices/system/node/node0/meminfo"
+    meminfo.unlink()
+    os.mkfifo(meminfo)
+    (root / "nvml.json").unlink()
+    os.mkfifo(root / "nvml.json")
+    with _within(10):
+        topo = _discover(root)
+    paths = {w.path for w in _warnings(topo, "not_a_regular_file")}
+    assert paths == {"sys/devices/system/node/node0/meminfo", "nvml.json"}
+    assert topo.node(0).memory_bytes is None and len(topo.gpus) == 8
+
+
+def test_directory_where_a_file_belongs_is_a_warning(host_tree):
+    root = host_tree("pcie-8gpu")
+    address = _discover(root).gpu(0).address
+    (_device_path(root, address) / "class").unlink()
+    (_device_path(root, address) / "class").mkdir()
+    topo = _discover(root)
+    assert any(w.path.endswith(f"{address}/class") for w in _warnings(topo, "not_a_regular_file"))
+    assert topo.device(address).class_code is None
+
+
+def test_one_gib_sparse_file_is_refused_fast_with_a_warning(host_tree):
+    root = host_tree("h800-8gpu")
+    os.truncate(root / "nvml.json", 1 << 30)
+    started = time.perf_counter()
+    topo = _discover(root)
+    assert time.perf_counter() - started < 5
+    [warning] = _warnings(topo, "file_too_large")
+    assert warning.path == "nvml.json" and "1073741824 bytes" in warning.reason
+    assert all(g.source == "sysfs" for g in topo.gpus)
+
+
+def test_permission_denied_becomes_its_own_warning(host_tree, monkeypatch):
+    # Tests run as root, which chmod 000 does not stop: the kernel's EACCES is simulated.
+    root = host_tree("h800-8gpu")
+    real_open = os.open
+
+    def deny(path, flags, *args, **kwargs):
+        if str(path).endswith(("node1/distance", "cpu0/topology/core_id")):
+            raise PermissionError(errno.EACCES, "Permission denied", path)
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", deny)
+    topo = _discover(root)
+    denied = {w.path: w for w in _warnings(topo, "permission_denied")}
+    assert set(denied) == {"sys/devices/system/node/node1/distance", "sys/devices/system/cpu/cpu0/topology/core_id"}
+    assert all(w.to_json().keys() == {"code", "path", "reason"} for w in denied.values())
+    assert topo.node(1).distances == {1: 10} and topo.cpu(0).core is None
+
+
+def test_io_error_becomes_a_read_error_warning(host_tree, monkeypatch):
+    root = host_tree("vm-nogpu")
+    real_read = os.read
+
+    def eio_on_meminfo(fd, size):
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("node0/meminfo"):
+            raise OSError(errno.EIO, "Input/output error")
+        return real_read(fd, size)
+
+    monkeypatch.setattr(os, "read", eio_on_meminfo)
+    topo = _discover(root)
+    assert [w.path for w in _warnings(topo, "read_error")] == ["sys/devices/system/node/node0/meminfo"]
+
+
+def test_symlink_loops_are_warnings_and_do_not_recurse(host_tree):
+    root = host_tree("pcie-8gpu")
+    siblings = root / "sys/devices/system/cpu/cpu1/topology/thread_siblings_list"
+    siblings.unlink()
+    os.symlink("thread_siblings_list", siblings)
+    # Without bus/pci/devices the PCI tree is walked: a link back up must not be followed.
+    shutil.rmtree(root / "sys/bus/pci/devices")
+    top = next((root / "sys/devices").glob("pci0000:*"))
+    first = next(p for p in sorted(top.iterdir()) if p.is_dir() and ":" in p.name and "." in p.name)
+    os.symlink("..", first / "0000:ff:1f.7")
+    with _within(20):
+        topo = _discover(root)
+    assert "sys/devices/system/cpu/cpu1/topology/thread_siblings_list" in {w.path for w in _warnings(topo, "read_error")}
+    assert topo.device("0000:ff:1f.7") is None and len(topo.gpus) == 8
+
+
+def test_deeply_nested_or_mistyped_nvml_json_is_a_bad_value(host_tree):
+    root = host_tree("dgx1-cubemesh")
+    (root / "nvml.json").write_text("[" * 100_000 + "]" * 100_000)
+    assert "bad_value" in _codes(_discover(root))
+    (root / "nvml.json").write_text(json.dumps({"gpus": [{"index": 0, "pci_bus_id": "0000:01:00.0", "nvlinks": 5}]}))
+    topo = _discover(root)
+    assert any(w.path == "nvml.json" and "nvlinks" in w.reason for w in _warnings(topo, "bad_value"))
+
+
+def test_no_cpus_because_unreadable_is_one_clear_error(host_tree):
+    root = host_tree("vm-nogpu")
+    cpu_dir = root / "sys/devices/system/cpu"
+    shutil.rmtree(cpu_dir)
+    cpu_dir.mkdir()
+    os.mkfifo(cpu_dir / "online")
+    with pytest.raises(NotAHostTreeError, match=r"online: a FIFO where a file was expected"):
+        _discover(root)

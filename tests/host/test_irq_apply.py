@@ -30,7 +30,7 @@ def test_eio_and_eperm_mark_the_irq_permanent_and_it_is_never_written_again(h800
     irq = _first_rdma_queue(root)
     kernel = Kernel(host, faults={irq: [code]})
     clock = Clock()
-    balancer = IrqBalancer(host, clock=clock)
+    balancer = IrqBalancer(host, IrqSettings(mode="continuous"), clock=clock)
     report = balancer.cycle(topology)
     assert report.status[irq] == "managed"
     (event,) = [e for e in report.events if e["event"] == "irq_unsettable"]
@@ -46,7 +46,7 @@ def test_enospc_tries_the_next_candidate_cpu(h800):
     root, host, topology = h800
     irq = _first_rdma_queue(root)  # planned on CPU 1 in the storm layout
     kernel = Kernel(host, no_space={irq: {1}})
-    report = IrqBalancer(host, clock=Clock()).cycle(topology)
+    report = IrqBalancer(host, IrqSettings(mode="continuous"), clock=Clock()).cycle(topology)
     tried = [text for i, text in kernel.writes if i == irq]
     assert tried[0] == "1" and len(tried) == 2
     assert delivered(root, irq) == [int(tried[1])] and int(tried[1]) in topology.node(0).cpus
@@ -58,7 +58,7 @@ def test_enospc_on_every_candidate_is_transient(h800):
     root, host, topology = h800
     irq = _first_rdma_queue(root)
     Kernel(host, no_space={irq: set(topology.node(0).cpus)})
-    report = IrqBalancer(host, clock=Clock()).cycle(topology)
+    report = IrqBalancer(host, IrqSettings(mode="continuous"), clock=Clock()).cycle(topology)
     assert report.status[irq] == "failed"
     assert requested(root, irq) == [0]
 
@@ -69,7 +69,7 @@ def test_transient_errors_retry_with_backoff_on_later_cycles(h800, code):
     irq = _first_rdma_queue(root)
     kernel = Kernel(host, faults={irq: [code, code]})
     clock = Clock()
-    balancer = IrqBalancer(host, IrqSettings(retry_base_seconds=10.0), clock=clock)
+    balancer = IrqBalancer(host, IrqSettings(mode="continuous", retry_base_seconds=10.0), clock=clock)
     leased = {0}  # CPU 0 leased: the IRQ must leave it, so the failure matters every cycle
     first = balancer.cycle(topology, leased)
     (failed,) = [e for e in first.events if e["event"] == "irq_move_failed"]
@@ -88,7 +88,7 @@ def test_transient_errors_retry_with_backoff_on_later_cycles(h800, code):
 def test_write_happens_only_when_the_value_differs(h800):
     root, host, topology = h800
     kernel = Kernel(host)
-    balancer = IrqBalancer(host, clock=Clock())
+    balancer = IrqBalancer(host, IrqSettings(mode="continuous"), clock=Clock())
     balancer.cycle(topology)
     kernel.writes.clear()
     assert balancer.cycle(topology).moves == 0
@@ -119,7 +119,7 @@ def test_running_irqbalance_with_yield_is_reported_loudly_and_nothing_is_written
     (root / "proc/4242").mkdir()
     (root / "proc/4242/comm").write_text("irqbalance\n")
     kernel = Kernel(host)
-    balancer = IrqBalancer(host, IrqSettings(irqbalance="yield"), clock=Clock())
+    balancer = IrqBalancer(host, IrqSettings(mode="continuous", irqbalance="yield"), clock=Clock())
     report = balancer.cycle(topology)
     assert kernel.writes == [] and report.irqbalance.running
     assert "yielding to irqbalance" in balancer.summary()
@@ -132,7 +132,7 @@ def test_running_irqbalance_with_ban_proceeds_and_gives_banirq_guidance(h800):
     (root / "run").mkdir()
     (root / "run/irqbalance").mkdir()
     kernel = Kernel(host)
-    report = IrqBalancer(host, IrqSettings(irqbalance="ban"), clock=Clock()).cycle(topology, {4, 5})
+    report = IrqBalancer(host, IrqSettings(mode="continuous", irqbalance="ban"), clock=Clock()).cycle(topology, {4, 5})
     assert report.moves > 0 and kernel.writes
     assert f"--banirq={_first_rdma_queue(root)}" in report.guidance
     assert 'IRQBALANCE_BANNED_CPULIST="4-5"' in report.guidance
@@ -142,7 +142,7 @@ def test_running_irqbalance_with_ban_proceeds_and_gives_banirq_guidance(h800):
 def test_no_irqbalance_means_no_guidance(h800):
     root, host, topology = h800
     Kernel(host)
-    report = IrqBalancer(host, IrqSettings(irqbalance="ban"), clock=Clock()).cycle(topology)
+    report = IrqBalancer(host, IrqSettings(mode="continuous", irqbalance="ban"), clock=Clock()).cycle(topology)
     assert not report.irqbalance.running and report.guidance is None
 
 
@@ -150,7 +150,7 @@ def test_changed_cpu_columns_mean_rescan_without_rates_not_a_crash(h800):
     root, host, topology = h800
     Kernel(host)
     clock = Clock()
-    balancer = IrqBalancer(host, clock=clock)
+    balancer = IrqBalancer(host, IrqSettings(mode="continuous"), clock=clock)
     balancer.cycle(topology)
     lines = (root / "proc/interrupts").read_text().splitlines()
     lines[0] = lines[0].rsplit("CPU63", 1)[0]  # CPU 63 went offline
@@ -165,7 +165,7 @@ def test_counters_going_backwards_mean_no_rate_this_cycle(h800):
     root, host, topology = h800
     Kernel(host)
     clock = Clock()
-    balancer = IrqBalancer(host, clock=clock)
+    balancer = IrqBalancer(host, IrqSettings(mode="continuous"), clock=clock)
     irq = _first_rdma_queue(root)
     balancer.cycle(topology)
     clock.advance(10)
@@ -181,14 +181,14 @@ def test_counters_going_backwards_mean_no_rate_this_cycle(h800):
 def test_missing_proc_interrupts_plans_nothing_and_says_why(h800):
     root, host, topology = h800
     (root / "proc/interrupts").unlink()
-    report = IrqBalancer(host, clock=Clock()).cycle(topology)
+    report = IrqBalancer(host, IrqSettings(mode="continuous"), clock=Clock()).cycle(topology)
     assert report.plan.entries == () and any("/proc/interrupts unreadable" in n for n in report.notes)
 
 
 def test_events_carry_irq_device_from_to_reason(h800):
     root, host, topology = h800
     Kernel(host)
-    report = IrqBalancer(host, clock=Clock()).cycle(topology)
+    report = IrqBalancer(host, IrqSettings(mode="continuous"), clock=Clock()).cycle(topology)
     event = next(e for e in report.events if e["event"] == "irq_moved" and e["irq"] == _first_rdma_queue(root))
     assert event["from"] == [0] and event["to"] == [1] and event["device"] == sorted(device_irqs(root, "rdma"))[0]
     assert "spread" in event["reason"]

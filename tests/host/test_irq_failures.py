@@ -32,7 +32,7 @@ def test_read_only_proc_irq_is_reported_once_not_per_irq_per_cycle(h800):
     root, host, topology = h800
     kernel = Kernel(host, refuse_all=errno.EROFS)
     clock = Clock()
-    balancer = IrqBalancer(host, clock=clock)
+    balancer = IrqBalancer(host, IrqSettings(mode="continuous"), clock=clock)
     reports = []
     for _ in range(3):
         reports.append(balancer.cycle(topology))
@@ -63,7 +63,7 @@ def test_a_writable_proc_irq_again_is_found_by_the_next_full_cycle(h800):
     root, host, topology = h800
     kernel = Kernel(host, refuse_all=errno.EROFS)
     clock = Clock()
-    balancer = IrqBalancer(host, clock=clock)
+    balancer = IrqBalancer(host, IrqSettings(mode="continuous"), clock=clock)
     balancer.cycle(topology)
     kernel.refuse_all = None  # remounted read-write
     clock.advance(10)
@@ -77,10 +77,10 @@ def test_a_writable_proc_irq_again_is_found_by_the_next_full_cycle(h800):
 def test_changed_settings_try_writing_again_and_say_so_once_more(h800):
     root, host, topology = h800
     kernel = Kernel(host, refuse_all=errno.EROFS)
-    balancer = IrqBalancer(host, clock=Clock())
+    balancer = IrqBalancer(host, IrqSettings(mode="continuous"), clock=Clock())
     balancer.cycle(topology)
     balancer.cycle(topology)
-    balancer.configure(IrqSettings(min_gain=0.3))
+    balancer.configure(IrqSettings(mode="continuous", min_gain=0.3))
     report = balancer.cycle(topology)
     assert [e["event"] for e in report.events] == ["irq_writes_impossible"]
     assert len(kernel.writes) == 3
@@ -92,7 +92,7 @@ def test_an_errno_not_known_to_be_transient_is_permanent_for_that_irq(h800, code
     irq = _first_rdma_queue(root)
     kernel = Kernel(host, faults={irq: [code] * 5})
     clock = Clock()
-    balancer = IrqBalancer(host, clock=clock)
+    balancer = IrqBalancer(host, IrqSettings(mode="continuous"), clock=clock)
     reports = [balancer.cycle(topology, {0})]
     for _ in range(3):
         clock.advance(3600)
@@ -113,7 +113,7 @@ def test_the_same_unknown_errno_on_every_write_is_one_summary_not_one_line_per_i
     root, host, topology = h800
     kernel = Kernel(host, refuse_all=999)
     clock = Clock()
-    balancer = IrqBalancer(host, clock=clock)
+    balancer = IrqBalancer(host, IrqSettings(mode="continuous"), clock=clock)
     reports = []
     for _ in range(3):
         reports.append(balancer.cycle(topology))
@@ -131,7 +131,7 @@ def test_ebusy_is_still_retried_with_backoff_and_shows_as_last_error(h800):
     irq = _first_rdma_queue(root)
     kernel = Kernel(host, faults={irq: [errno.EBUSY]})
     clock = Clock()
-    balancer = IrqBalancer(host, IrqSettings(retry_base_seconds=10.0), clock=clock)
+    balancer = IrqBalancer(host, IrqSettings(mode="continuous", retry_base_seconds=10.0), clock=clock)
     first = balancer.cycle(topology, {0})
     (failed,) = _events([first], "irq_move_failed")
     assert failed["errno"] == "EBUSY" and failed["retry_in_seconds"] == 10.0
@@ -145,7 +145,7 @@ def test_ebusy_is_still_retried_with_backoff_and_shows_as_last_error(h800):
 def test_a_verdict_drawn_from_two_irqs_does_not_hold_the_others_back_for_good(h800):
     root, host, topology = h800
     clock = Clock()
-    balancer = IrqBalancer(host, clock=clock)
+    balancer = IrqBalancer(host, IrqSettings(mode="continuous"), clock=clock)
     Kernel(host)
     balancer.cycle(topology)
     # Steady; then someone moves two IRQs, and both answer the same odd errno when moved back.

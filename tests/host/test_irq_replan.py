@@ -12,7 +12,7 @@ from irq_helpers import (Clock, Kernel, ReadLog, advance_interrupts, built_host,
                          managed_irqs, requested)
 
 from topod.host import HostRoot
-from topod.irq import IrqBalancer
+from topod.irq import IrqBalancer, IrqSettings
 
 
 @pytest.fixture()
@@ -26,7 +26,7 @@ def _converged(root: Path, topology, leased=()):
     host = HostRoot(root)
     kernel = Kernel(host, managed=managed_irqs(root))
     clock = Clock()
-    balancer = IrqBalancer(host, clock=clock)
+    balancer = IrqBalancer(host, IrqSettings(mode="continuous"), clock=clock)
     balancer.cycle(topology, leased)
     clock.advance(10)
     assert balancer.cycle(topology, leased).moves == 0
@@ -110,7 +110,7 @@ def test_without_a_full_cycle_yet_replan_is_a_full_cycle(h800):
     host = HostRoot(root)
     Kernel(host)
     reads = ReadLog(host)
-    balancer = IrqBalancer(host, clock=Clock())
+    balancer = IrqBalancer(host, IrqSettings(mode="continuous"), clock=Clock())
     report = balancer.replan(topology, {4})
     assert report.kind == "full" and "proc/interrupts" in reads.paths and report.moves > 50
     assert balancer.health()["cycles"] == 1
@@ -120,7 +120,7 @@ def test_a_replan_while_proc_irq_is_read_only_writes_nothing(h800):
     root, topology = h800
     host = HostRoot(root)
     kernel = Kernel(host, refuse_all=errno.EROFS)
-    balancer = IrqBalancer(host, clock=Clock())
+    balancer = IrqBalancer(host, IrqSettings(mode="continuous"), clock=Clock())
     balancer.cycle(topology)
     kernel.writes.clear()
     report = balancer.replan(topology, {1, 2, 3})

@@ -27,7 +27,7 @@ def _setup(root: Path, settings: IrqSettings | None = None, managed: bool = True
     host = HostRoot(root)
     kernel = Kernel(host, managed=managed_irqs(root) if managed else ())
     clock = Clock()
-    return host, kernel, clock, IrqBalancer(host, settings or IrqSettings(), clock=clock)
+    return host, kernel, clock, IrqBalancer(host, settings or IrqSettings(mode="continuous"), clock=clock)
 
 
 def _spread_irqs_by_cpu(root: Path, topology, node: int) -> dict[int, int]:
@@ -155,7 +155,7 @@ def test_device_hot_added_mid_run_is_balanced_in_the_next_cycle(tmp_path, tmp_pa
 
 def test_steady_noisy_load_converges_and_then_never_flaps(tmp_path, tmp_path_factory):
     root, topology = _tree(tmp_path, tmp_path_factory)
-    settings = IrqSettings(cooldown_seconds=15.0, min_gain=0.2)
+    settings = IrqSettings(mode="continuous", cooldown_seconds=15.0, min_gain=0.2)
     host, _, clock, balancer = _setup(root, settings)
     first = balancer.cycle(topology)
     # Make both IRQs on every doubled-up CPU hot: only load-awareness can separate them.

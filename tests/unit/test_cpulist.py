@@ -1,6 +1,8 @@
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from topod.cpulist import format_cpulist, parse_cpulist, parse_cpumask
+from topod.cpulist import MAX_CPUS, CpuListRangeError, format_cpulist, parse_cpulist, parse_cpumask
 
 
 def test_cpulist_ranges_and_singles_expand_in_order():
@@ -35,3 +37,60 @@ def test_format_cpulist_compresses_runs_and_round_trips():
     cpus = [0, 1, 2, 3, 8, 10, 11, 63]
     assert format_cpulist(cpus) == "0-3,8,10-11,63"
     assert parse_cpulist(format_cpulist(cpus)) == cpus
+
+
+def _fast(seconds=0.5):
+    import time
+
+    started = time.perf_counter()
+    return lambda: time.perf_counter() - started < seconds
+
+
+def test_huge_cpulist_range_raises_instead_of_expanding():
+    done_in_time = _fast()
+    with pytest.raises(CpuListRangeError, match="4294967295"):
+        parse_cpulist("0-4294967295")
+    assert done_in_time()
+    assert issubclass(CpuListRangeError, ValueError)  # callers that catch ValueError still do
+
+
+def test_cpulist_limit_is_the_first_cpu_id_refused():
+    assert parse_cpulist("0-7", limit=8) == list(range(8))
+    with pytest.raises(CpuListRangeError, match="8-CPU limit"):
+        parse_cpulist("0-8", limit=8)
+    assert parse_cpulist(f"{MAX_CPUS - 1}") == [MAX_CPUS - 1]
+    with pytest.raises(CpuListRangeError):
+        parse_cpulist(f"{MAX_CPUS}")
+
+
+def test_repeated_ranges_cannot_multiply_the_work():
+    done_in_time = _fast()
+    with pytest.raises(CpuListRangeError, match="more than"):
+        parse_cpulist(",".join(["0-65535"] * 10_000))
+    assert done_in_time()
+
+
+def test_giant_cpumask_raises_quickly_and_leading_zero_words_are_fine():
+    done_in_time = _fast()
+    with pytest.raises(CpuListRangeError, match="beyond the 65536-CPU limit"):
+        parse_cpumask(",".join(["ffffffff"] * 100_000))
+    assert done_in_time()
+    assert parse_cpumask(",".join(["00000000"] * 3000 + ["00000005"])) == [0, 2]
+    with pytest.raises(CpuListRangeError):
+        parse_cpumask("00000100", limit=8)
+    assert parse_cpumask("000000ff", limit=8) == list(range(8))
+
+
+@pytest.mark.parametrize("garbage", ["0x12", "+1", "1_0", "123456789"])
+def test_cpumask_words_must_be_plain_hex_of_at_most_32_bits(garbage):
+    with pytest.raises(ValueError):
+        parse_cpumask(garbage)
+
+
+@settings(derandomize=True, max_examples=200, deadline=None, database=None)
+@given(st.sets(st.integers(min_value=0, max_value=4095), max_size=200))
+def test_cpulist_and_cpumask_round_trip_any_set(cpus):
+    assert parse_cpulist(format_cpulist(cpus), limit=4096) == sorted(cpus)
+    value = sum(1 << cpu for cpu in cpus)
+    words = [f"{(value >> (32 * i)) & 0xFFFFFFFF:08x}" for i in reversed(range(128))]
+    assert parse_cpumask(",".join(words), limit=4096) == sorted(cpus)

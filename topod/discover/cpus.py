@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from topod.cpulist import parse_cpulist
+from topod.cpulist import MAX_CPUS, CpuListRangeError, parse_cpulist
 from topod.discover.notes import Notes
 from topod.host import HostRoot
 from topod.model import Cpu
@@ -33,16 +33,30 @@ def read_cpulist_file(host: HostRoot, rel: str, notes: Notes, *, required: bool 
             notes.add("missing_file", rel, "file missing or unreadable")
         return None
     try:
-        return parse_cpulist(text)
+        return parse_cpulist(text, notes.cpu_limit)
+    except CpuListRangeError as exc:
+        notes.add("cpulist_out_of_range", rel, f"{exc}; ignored")
+        return None
     except ValueError as exc:
         notes.add("bad_value", rel, f"not a CPU list ({exc}); ignored")
         return None
 
 
 def read_cpu_facts(host: HostRoot, notes: Notes) -> CpuFacts:
-    present = sorted(
-        int(match.group(1)) for name in host.listdir(CPU_DIR) if (match := _CPU_NAME.match(name))
-    )
+    """Present, online, isolated and nohz_full CPUs; also sets notes.cpu_limit to the
+    host's possible CPUs, so no later CPU list can name (or expand to) more."""
+    present = []
+    for name in host.listdir(CPU_DIR):
+        if match := _CPU_NAME.match(name):
+            cpu = int(match.group(1))
+            if cpu < MAX_CPUS:
+                present.append(cpu)
+            else:
+                notes.add("cpulist_out_of_range", f"{CPU_DIR}/{name}", f"CPU id beyond the {MAX_CPUS}-CPU limit; ignored")
+    present.sort()
+    possible = read_cpulist_file(host, f"{CPU_DIR}/possible", notes)
+    if possible:
+        notes.cpu_limit = max(possible[-1], present[-1] if present else 0) + 1
     online_list = read_cpulist_file(host, f"{CPU_DIR}/online", notes)
     if online_list is None:
         online = {cpu for cpu in present if _cpu_dir_says_online(host, cpu)}
@@ -72,14 +86,24 @@ def _read_int(host: HostRoot, rel: str) -> int | None:
         return None
 
 
-def _last_level_cache(host: HostRoot, cpu: int, notes: Notes) -> int | None:
-    """The LLC domain as the lowest CPU id sharing the highest-level unified/data cache."""
+# cpu -> (its cache index names, its LLC domain), learnt from other CPUs' LLC lists.
+LlcMemo = dict[int, tuple[tuple[str, ...], int]]
+
+
+def _last_level_cache(host: HostRoot, cpu: int, notes: Notes, memo: LlcMemo) -> int | None:
+    """The LLC domain as the lowest CPU id sharing the highest-level unified/data cache.
+
+    Every CPU in that cache's shared_cpu_list shares the same cache, so its LLC domain is
+    the same: it is remembered for them, and a CPU with the same cache index entries
+    takes it without reading its own (one listing instead of ~10 reads per CPU)."""
     base = f"{CPU_DIR}/cpu{cpu}/cache"
+    names = tuple(name for name in host.listdir(base) if name.startswith("index"))
+    known = memo.get(cpu)
+    if known is not None and known[0] == names:
+        return known[1]
     best_level = -1
     best_shared: list[int] | None = None
-    for name in host.listdir(base):
-        if not name.startswith("index"):
-            continue
+    for name in names:
         if host.read_line(f"{base}/{name}/type") == "Instruction":
             continue
         level = _read_int(host, f"{base}/{name}/level")
@@ -88,11 +112,18 @@ def _last_level_cache(host: HostRoot, cpu: int, notes: Notes) -> int | None:
         shared = read_cpulist_file(host, f"{base}/{name}/shared_cpu_list", notes)
         if shared:
             best_level, best_shared = level, shared
-    return min(best_shared) if best_shared else None
+    if not best_shared:
+        return None
+    llc = min(best_shared)
+    if cpu in best_shared:  # a list that leaves its own CPU out is not trusted for others
+        for other in best_shared:
+            memo.setdefault(other, (names, llc))
+    return llc
 
 
 def read_cpus(host: HostRoot, facts: CpuFacts, node_of_cpu: dict[int, int], notes: Notes) -> list[Cpu]:
     cpus: list[Cpu] = []
+    llc_memo: LlcMemo = {}
     known = sorted(set(facts.present) | facts.online)
     for cpu in known:
         online = cpu in facts.online
@@ -106,7 +137,7 @@ def read_cpus(host: HostRoot, facts: CpuFacts, node_of_cpu: dict[int, int], note
             if not siblings:
                 siblings = read_cpulist_file(host, f"{topo}/core_cpus_list", notes) or [cpu]
             siblings = sorted(s for s in siblings if s in facts.online) or [cpu]
-            llc = _last_level_cache(host, cpu, notes)
+            llc = _last_level_cache(host, cpu, notes, llc_memo)
         cpus.append(
             Cpu(
                 id=cpu,

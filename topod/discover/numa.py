@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from topod.cpulist import parse_cpumask
+from topod.cpulist import CpuListRangeError, parse_cpumask
 from topod.discover.cpus import read_cpulist_file
 from topod.discover.notes import Notes
 from topod.host import HostRoot
@@ -62,10 +62,13 @@ def _read_node_cpus(host: HostRoot, base: str, notes: Notes) -> list[int]:
     text = host.read(f"{base}/cpumap")
     if text is not None:
         try:
-            return parse_cpumask(text)
+            return parse_cpumask(text, notes.cpu_limit)
+        except CpuListRangeError as exc:
+            notes.add("cpulist_out_of_range", f"{base}/cpumap", f"{exc}; used the cpuN entries")
         except ValueError:
             notes.add("bad_value", f"{base}/cpumap", "not a CPU mask; used the cpuN entries")
-    entries = [int(m.group(1)) for name in host.listdir(base) if (m := _CPU_NAME.match(name))]
+    entries = [cpu for name in host.listdir(base)
+               if (m := _CPU_NAME.match(name)) and (cpu := int(m.group(1))) < notes.cpu_limit]
     if not entries and not host.exists(f"{base}/cpumap"):
         notes.add("missing_file", f"{base}/cpulist", "no cpulist, cpumap or cpuN entries; node has no known CPUs")
     return sorted(entries)

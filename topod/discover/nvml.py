@@ -50,6 +50,8 @@ def parse_nvml_json(text: str) -> NvmlReport:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"not JSON: {exc}") from exc
+    except (ValueError, RecursionError) as exc:  # an integer of 5,000 digits; nesting 1,000 deep
+        raise ValueError(f"not JSON topod can read: {str(exc)[:80]}") from exc
     if not isinstance(data, dict) or not isinstance(data.get("gpus"), list):
         raise ValueError("expected an object with a 'gpus' list")
     gpus = tuple(_parse_gpu(entry, position) for position, entry in enumerate(data["gpus"]))
@@ -81,7 +83,10 @@ def _parse_gpu(entry: Any, position: int) -> NvmlGpu:
     memory = entry.get("memory_total_mib")
     if memory is not None and not isinstance(memory, int):
         raise ValueError(f"{where}.memory_total_mib: expected an integer")
-    links = tuple(_parse_link(link, f"{where}.nvlinks[{i}]") for i, link in enumerate(entry.get("nvlinks") or []))
+    nvlinks = entry.get("nvlinks") or []
+    if not isinstance(nvlinks, list):
+        raise ValueError(f"{where}.nvlinks: expected a list")
+    links = tuple(_parse_link(link, f"{where}.nvlinks[{i}]") for i, link in enumerate(nvlinks))
     return NvmlGpu(
         index=index,
         pci_bus_id=address,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from topod.cpulist import parse_cpulist, parse_cpumask
+from topod.cpulist import CpuListRangeError, parse_cpulist, parse_cpumask
 from topod.discover.notes import Notes
-from topod.host import HostRoot
+from topod.host import HostDir, HostRoot
 from topod.model import NumaNode, PciDevice, PciLink
 
 BUS_DIR = "sys/bus/pci/devices"
@@ -65,63 +65,111 @@ class RawFunction:
     has_infiniband: bool = False
 
 
-def _hex_value(host: HostRoot, rel: str, notes: Notes) -> int | None:
-    text = host.read_line(rel)
-    if text is None:
-        return None
-    try:
-        return int(text, 16)
-    except ValueError:
-        notes.add("bad_value", rel, f"not a hex number: {text!r}")
-        return None
+def _quote(text: str, width: int = 40) -> str:
+    """Host text in a warning: quoted and cut short."""
+    return repr(text) if len(text) <= width else repr(text[:width]) + f"... ({len(text)} chars)"
 
 
-def _int_value(host: HostRoot, rel: str, notes: Notes) -> int | None:
-    text = host.read_line(rel)
-    if text is None:
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        notes.add("bad_value", rel, f"not an integer: {text!r}")
-        return None
+@dataclass(slots=True)
+class _Attrs:
+    """A function's sysfs directory, opened and listed once: its attributes are read by
+    name (no path lookup each), and those the listing lacks are not tried at all."""
+
+    host: HostRoot
+    base: str
+    notes: Notes
+    directory: HostDir | None
+    entries: frozenset[str] | None  # None when the listing is empty or failed: try all
+
+    @classmethod
+    def of(cls, host: HostRoot, base: str, notes: Notes) -> _Attrs:
+        directory = host.open_dir(base)
+        if directory is None:
+            return cls(host, base, notes, None, frozenset())
+        return cls(host, base, notes, directory, frozenset(directory.listdir()) or None)
+
+    def close(self) -> None:
+        if self.directory is not None:
+            self.directory.close()
+
+    def has(self, name: str) -> bool:
+        return self.entries is None or name in self.entries
+
+    def text(self, name: str) -> str | None:
+        return self.directory.read(name) if self.directory is not None and self.has(name) else None
+
+    def line(self, name: str) -> str | None:
+        text = self.text(name)
+        return None if text is None else text.strip()
+
+    def hex_value(self, name: str) -> int | None:
+        text = self.line(name)
+        if text is None:
+            return None
+        try:
+            return int(text, 16)
+        except ValueError:
+            self.notes.add("bad_value", f"{self.base}/{name}", f"not a hex number: {_quote(text)}")
+            return None
+
+    def int_value(self, name: str) -> int | None:
+        text = self.line(name)
+        if text is None:
+            return None
+        try:
+            return int(text)
+        except ValueError:
+            self.notes.add("bad_value", f"{self.base}/{name}", f"not an integer: {_quote(text)}")
+            return None
+
+    def listdir(self, name: str) -> list[str]:
+        return self.host.listdir(f"{self.base}/{name}") if self.has(name) else []
 
 
-def _read_local_cpus(host: HostRoot, base: str, notes: Notes) -> list[int] | None:
-    text = host.read(f"{base}/local_cpulist")
+def _read_local_cpus(attrs: _Attrs) -> list[int] | None:
+    notes, base = attrs.notes, attrs.base
+    text = attrs.text("local_cpulist")
     if text is not None:
         try:
-            return parse_cpulist(text)
+            return parse_cpulist(text, notes.cpu_limit)
+        except CpuListRangeError as exc:
+            notes.add("cpulist_out_of_range", f"{base}/local_cpulist", f"{exc}; tried local_cpus")
         except ValueError:
             notes.add("bad_value", f"{base}/local_cpulist", "not a CPU list; tried local_cpus")
-    text = host.read(f"{base}/local_cpus")
+    text = attrs.text("local_cpus")
     if text is not None:
         try:
-            return parse_cpumask(text)
+            return parse_cpumask(text, notes.cpu_limit)
+        except CpuListRangeError as exc:
+            notes.add("cpulist_out_of_range", f"{base}/local_cpus", f"{exc}; ignored")
         except ValueError:
             notes.add("bad_value", f"{base}/local_cpus", "not a CPU mask; ignored")
     return None
 
 
-def _read_link(host: HostRoot, base: str, notes: Notes) -> PciLink | None:
-    speed = host.read_line(f"{base}/current_link_speed")
-    max_speed = host.read_line(f"{base}/max_link_speed")
-    width = _int_value(host, f"{base}/current_link_width", notes)
-    max_width = _int_value(host, f"{base}/max_link_width", notes)
+def _read_link(attrs: _Attrs) -> PciLink | None:
+    speed = attrs.line("current_link_speed")
+    max_speed = attrs.line("max_link_speed")
+    width = attrs.int_value("current_link_width")
+    max_width = attrs.int_value("max_link_width")
     if speed is None and max_speed is None and width is None and max_width is None:
         return None
     return PciLink(current_speed=speed, current_width=width, max_speed=max_speed, max_width=max_width)
 
 
-def _read_msi_irqs(host: HostRoot, base: str) -> list[int]:
-    return sorted(int(name) for name in host.listdir(f"{base}/msi_irqs") if name.isdigit())
+def _read_msi_irqs(attrs: _Attrs) -> list[int]:
+    return sorted(int(name) for name in attrs.listdir("msi_irqs") if name.isdigit())
 
 
-def _child_names(host: HostRoot, base: str) -> tuple[list[str], bool]:
+def _child_names(attrs: _Attrs) -> tuple[list[str], bool]:
+    """Names of the function's net/infiniband/nvme/drm children, and whether it has an
+    infiniband one."""
     names: list[str] = []
+    has_ib = False
     for sub in CHILD_NAME_DIRS:
-        names.extend(host.listdir(f"{base}/{sub}"))
-    has_ib = bool(host.listdir(f"{base}/infiniband"))
+        children = attrs.listdir(sub)
+        names.extend(children)
+        has_ib = has_ib or (sub == "infiniband" and bool(children))
     return names, has_ib
 
 
@@ -141,8 +189,9 @@ def _function_paths(host: HostRoot, notes: Notes) -> list[tuple[str, str]]:
     entries = [name for name in host.listdir(BUS_DIR) if PCI_ADDRESS.match(name)]
     found: list[tuple[str, str]] = []
     if entries:
+        memo: dict[str, str] = {}  # the bus directory and the bridges every link shares
         for name in entries:
-            real = host.resolve(f"{BUS_DIR}/{name}")
+            real = host.resolve(f"{BUS_DIR}/{name}", memo)
             if real is None:
                 notes.add("dangling_link", f"{BUS_DIR}/{name}", "link does not resolve inside the root; skipped")
                 continue
@@ -150,15 +199,25 @@ def _function_paths(host: HostRoot, notes: Notes) -> list[tuple[str, str]]:
         return found
     for top in host.listdir("sys/devices"):
         if HOST_BRIDGE.match(top):
-            _walk_host_bridge(host, f"/sys/devices/{top}", found)
+            _walk_host_bridge(host, f"/sys/devices/{top}", found, notes)
     return found
 
 
-def _walk_host_bridge(host: HostRoot, path: str, found: list[tuple[str, str]]) -> None:
+# PCIe allows 256 buses, but no real hierarchy nests bridges this deep.
+MAX_PCI_DEPTH = 64
+
+
+def _walk_host_bridge(host: HostRoot, path: str, found: list[tuple[str, str]], notes: Notes, depth: int = 0) -> None:
+    if depth >= MAX_PCI_DEPTH:
+        notes.add("pci_too_deep", path, f"more than {MAX_PCI_DEPTH} nested PCI functions; not walked further")
+        return
     for name in host.listdir(path):
-        if PCI_ADDRESS.match(name) and host.is_dir(f"{path}/{name}"):
-            found.append((name.lower(), f"{path}/{name}"))
-            _walk_host_bridge(host, f"{path}/{name}", found)
+        child = f"{path}/{name}"
+        # Links are not followed: sysfs has none among device directories, and a link
+        # here could loop back up the tree.
+        if PCI_ADDRESS.match(name) and host.is_dir(child) and host.readlink(child) is None:
+            found.append((name.lower(), child))
+            _walk_host_bridge(host, child, found, notes, depth + 1)
 
 
 def read_functions(host: HostRoot, notes: Notes) -> list[RawFunction]:
@@ -169,26 +228,11 @@ def read_functions(host: HostRoot, notes: Notes) -> list[RawFunction]:
             notes.add("unexpected_path", real, "PCI function outside a pciDDDD:BB host bridge; skipped")
             continue
         base = real.lstrip("/")
-        names, has_ib = _child_names(host, base)
-        driver_link = host.readlink(f"{base}/driver")
-        functions.append(
-            RawFunction(
-                address=address,
-                sysfs_path=real,
-                root_complex=root_complex,
-                ancestors=[a.lower() for a in chain[:-1]],
-                vendor=_hex_value(host, f"{base}/vendor", notes),
-                device=_hex_value(host, f"{base}/device", notes),
-                class_code=_hex_value(host, f"{base}/class", notes),
-                driver=driver_link.rsplit("/", 1)[-1] if driver_link else None,
-                numa_node_raw=_int_value(host, f"{base}/numa_node", notes),
-                local_cpus=_read_local_cpus(host, base, notes),
-                link=_read_link(host, base, notes),
-                msi_irqs=_read_msi_irqs(host, base),
-                names=names,
-                has_infiniband=has_ib,
-            )
-        )
+        attrs = _Attrs.of(host, base, notes)
+        try:
+            functions.append(_read_function(host, address, real, root_complex, chain, attrs))
+        finally:
+            attrs.close()
     known = {f.address for f in functions}
     for f in functions:
         # A bridge sysfs does not list (hidden by firmware or not captured) is no parent:
@@ -196,6 +240,28 @@ def read_functions(host: HostRoot, notes: Notes) -> list[RawFunction]:
         f.ancestors = [a for a in f.ancestors if a in known]
     functions.sort(key=lambda f: f.address)
     return functions
+
+
+def _read_function(host: HostRoot, address: str, real: str, root_complex: str, chain: list[str],
+                   attrs: _Attrs) -> RawFunction:
+    names, has_ib = _child_names(attrs)
+    driver_link = host.readlink(f"{attrs.base}/driver") if attrs.has("driver") else None
+    return RawFunction(
+        address=address,
+        sysfs_path=real,
+        root_complex=root_complex,
+        ancestors=[a.lower() for a in chain[:-1]],
+        vendor=attrs.hex_value("vendor"),
+        device=attrs.hex_value("device"),
+        class_code=attrs.hex_value("class"),
+        driver=driver_link.rsplit("/", 1)[-1] if driver_link else None,
+        numa_node_raw=attrs.int_value("numa_node"),
+        local_cpus=_read_local_cpus(attrs),
+        link=_read_link(attrs),
+        msi_irqs=_read_msi_irqs(attrs),
+        names=names,
+        has_infiniband=has_ib,
+    )
 
 
 def switch_upstream_ports(functions: list[RawFunction]) -> set[str]:

@@ -8,17 +8,24 @@ from topod.discover.numa import nodes_from_cpus_without_sysfs, read_numa_nodes
 from topod.discover.nvml import NvmlReport, build_fabric, read_nvml
 from topod.discover.pci import build_pci_devices, read_functions
 from topod.errors import NotAHostTreeError
-from topod.host import HostRoot
+from topod.host import HostRoot, ReadProblem
 from topod.model import Gpu, NumaNode, PciDevice, Topology
 
 
 def discover(host: HostRoot, *, live_nvml: bool = True) -> Topology:
     """Read the whole host. Never raises for odd content: guesses and skips go to
-    Topology.warnings. Raises NotAHostTreeError when the root has no CPUs at all."""
-    notes = Notes()
+    Topology.warnings, and so does every file that is there but could not be read
+    (permission_denied, not_a_regular_file, file_too_large, read_error). Raises
+    NotAHostTreeError when the root has no CPUs at all."""
+    with host.collecting_problems() as problems:
+        return _discover(host, Notes(), problems, live_nvml)
+
+
+def _discover(host: HostRoot, notes: Notes, problems: list[ReadProblem], live_nvml: bool) -> Topology:
     facts = read_cpu_facts(host, notes)
     if not facts.present and not facts.online:
-        raise NotAHostTreeError(f"--root {host.root}: no CPUs under sys/devices/system/cpu; not a host tree")
+        why = f" ({problems[0].path}: {problems[0].reason})" if problems else ""
+        raise NotAHostTreeError(f"--root {host.root}: no CPUs under sys/devices/system/cpu{why}; not a host tree")
     nodes = read_numa_nodes(host, facts.online, notes)
     if not nodes:
         nodes = nodes_from_cpus_without_sysfs(facts.online, notes)
@@ -31,6 +38,7 @@ def discover(host: HostRoot, *, live_nvml: bool = True) -> Topology:
     report = read_nvml(host, notes, allow_live=live_nvml, expect_gpus=has_nvidia)
     gpus = build_gpus(devices, report, notes)
     fabric = build_fabric(report, {gpu.address: gpu.index for gpu in gpus})
+    notes.add_read_problems(problems)
     return Topology(
         root=str(host.root),
         numa_nodes=tuple(nodes),
