@@ -65,9 +65,19 @@ def test_irq_plan_and_apply_keep_rdma_irqs_off_the_daemons_leased_cpus(daemon_fa
 
 def test_irq_apply_refuses_while_the_daemon_balances_that_root(daemon_factory, capsys):
     daemon = daemon_factory("vm-nogpu", config=CONTINUOUS)
-    daemon.start()
+    client = daemon.start()
     root = daemon.root
-    before = {p: p.read_text() for p in root.glob("proc/irq/*/smp_affinity_list")}
+    # the daemon's own first cycle writes too: compare only after it
+    deadline = time.monotonic() + 10
+    while client.health()["irq"].get("cycles", 0) < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    before: dict = {}
+    while time.monotonic() < deadline:  # and until its writes have settled
+        now = {p: p.read_text() for p in root.glob("proc/irq/*/smp_affinity_list")}
+        if now == before:
+            break
+        before = now
+        time.sleep(0.3)
     assert main(["irq", "apply", "--oneshot", "--root", str(root), "--socket", daemon.socket]) == 1
     err = capsys.readouterr().err
     assert "continuously" in err and "--force" in err
