@@ -187,10 +187,10 @@ class Daemon:
             "commits": {"transactions": self.store.commits, "changes": self.store.changes},
         }
 
-    def irq_report(self) -> dict:
+    async def irq_report(self) -> dict:
         if self.irq is None:
             return {"mode": "off", "reason": "IRQ balancing not enabled ([irq] mode = \"off\")"}
-        report = self.irq.report()
+        report = await self.irq.report()
         if self.irq_withheld:
             report = {**report, "withheld": self.irq_withheld}
         return report
@@ -446,7 +446,10 @@ class Daemon:
         self.irq = task = IrqTask.from_section(
             self.host, section, topology=lambda: self.state.topology, leased_cpus=self.alloc.leased_cpus,
             publish=self.bus.publish, request_rescan=self.request_rescan)
-        await self._supervised("irq", lambda: task.iteration(interval), self._deadline(interval))
+        try:
+            await self._supervised("irq", lambda: task.iteration(interval), self._deadline(interval))
+        finally:
+            task.close()
 
     def irq_section(self) -> dict:
         """[irq] as the balancer gets it: in a container, continuous acts as dry-run unless

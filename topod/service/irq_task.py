@@ -1,6 +1,7 @@
 """The IRQ loop inside the daemon: full cycles on the interval and on hardware changes,
-coalesced incremental re-plans after lease changes, all in a worker thread (the balancer
-reads and writes /proc) and one at a time."""
+coalesced incremental re-plans after lease changes, one at a time, all in the IRQ worker
+process (topod.service.irq_worker): the balancer's /proc parsing never holds the GIL
+against the event loop."""
 
 from __future__ import annotations
 
@@ -10,18 +11,20 @@ from collections.abc import Callable
 
 import structlog
 
-from topod.irq.cycle import IrqBalancer
 from topod.irq.settings import IrqSettings
 from topod.model import Topology
+from topod.service.irq_worker import IrqWorker, Outcome
 
 log = structlog.get_logger("topod")
 COALESCE_SECONDS = 0.2  # one re-plan per burst of lease changes, this long after the first
 
 
 class IrqTask:
-    def __init__(self, balancer: IrqBalancer, topology: Callable[[], Topology], leased_cpus: Callable[[], set[int]],
+    def __init__(self, worker: IrqWorker, topology: Callable[[], Topology], leased_cpus: Callable[[], set[int]],
                  publish: Callable[..., None], request_rescan: Callable[[], None]) -> None:
-        self.balancer = balancer
+        self.worker = worker
+        self.mode = IrqSettings.from_section(worker.section).mode
+        self.last: Outcome | None = None
         self._topology = topology
         self._leased_cpus = leased_cpus
         self._publish = publish
@@ -36,11 +39,11 @@ class IrqTask:
 
     @classmethod
     def from_section(cls, host, section: dict, **callbacks) -> IrqTask:  # noqa: ANN001 - HostRoot
-        return cls(IrqBalancer(host, IrqSettings.from_section(section)), **callbacks)
+        IrqSettings.from_section(section)  # refuse a bad section here, not in the worker
+        return cls(IrqWorker(str(host.root), section), **callbacks)
 
-    def configure(self, section: dict) -> None:
-        self.balancer.configure(IrqSettings.from_section(section))
-        self._full.set()
+    def close(self) -> None:
+        self.worker.close()
 
     # -- triggers (called on the event loop) -------------------------------------------
     def leases_changed(self) -> None:
@@ -77,29 +80,40 @@ class IrqTask:
         await self.run(full)
 
     async def run(self, full: bool) -> None:
-        topology, leased = self._topology(), set(self._leased_cpus())
-        step = self.balancer.cycle if full else self.balancer.replan
+        topology, leased = self._topology(), frozenset(self._leased_cpus())
         async with self._lock:
             started = time.perf_counter()
-            report = await asyncio.to_thread(step, topology, leased)
+            outcome = await self.worker.run(full, topology, leased)
             self.last_duration = time.perf_counter() - started
-        self.last_moves = report.moves
-        for event in report.events:
+        self.last = outcome
+        self.last_moves = outcome.moves
+        for event in outcome.events:
             fields = {k: v for k, v in event.items() if k != "event"}
             self._publish(str(event.get("event", "irq_event")), **fields)
-        if report.rediscover:
+        if outcome.rediscover:
             self._request_rescan()
 
-    # -- views ----------------------------------------------------------------------
+    # -- views (the last outcome; before the first, what is known) ----------------------
     @property
     def moves_total(self) -> int:
-        return self.balancer.moves_total
+        return self.last.moves_total if self.last else 0
 
-    def report(self) -> dict:
-        return self.balancer.report()
+    @property
+    def cpu_rates(self) -> dict[int, float]:
+        return self.last.cpu_rates if self.last else {}
+
+    async def report(self) -> dict:
+        if self.last is None:
+            return {"mode": self.mode, "cycles": 0, "irqs": [], "note": "the first cycle has not finished yet"}
+        async with self._lock:  # one call at a time into the worker
+            report = await self.worker.report()
+        return {**report, "worker": self.worker.where}
 
     def health(self) -> dict:
-        return self.balancer.health()
+        if self.last is None:
+            return {"mode": self.mode, "cycles": 0, "replans": 0, "moves_total": 0, "unsettable": 0,
+                    "writable": None, "last_error": None}
+        return self.last.health
 
     def status(self) -> str:
-        return self.balancer.status_text()
+        return self.last.status if self.last else f"IRQ ({self.mode}): first cycle pending"

@@ -21,13 +21,8 @@ def metrics_snapshot(daemon) -> dict:
     }
     if daemon.irq is not None:
         snapshot["irq_moves"] = daemon.irq.moves_total
-        load = daemon.irq.balancer.last_load
-        if load is not None:
-            rates: dict[int, float] = {}
-            for per_cpu in load.irq_cpu_rate.values():
-                for cpu, rate in per_cpu.items():
-                    rates[cpu] = rates.get(cpu, 0.0) + rate
-            snapshot["cpu_interrupt_rates"] = rates
+        if daemon.irq.last is not None:
+            snapshot["cpu_interrupt_rates"] = dict(daemon.irq.cpu_rates)
     probe = daemon.probe
     if probe is not None and probe.backend is not None:
         links = []
