@@ -286,3 +286,25 @@ def test_every_refused_request_is_a_journal_event_with_its_reason(scenario):
     line = next(l for l in log.splitlines() if "request_rejected" in l)
     assert "code=insufficient_gpus" in line and "job=too-big" in line and "result=rejected" in line
     s.check()
+
+
+def test_a_killed_irq_worker_is_reported_and_replaced(scenario):
+    s = scenario(config='[irq]\nmode = "dry-run"\ninterval_seconds = 0.5\n[probe]\nenabled = false\n')
+    worker = _wait_until(lambda: s.client.health()["irq"]["worker"]["pid"])
+    assert worker and worker != s.daemon.process.pid
+    os.kill(worker, signal.SIGKILL)
+    replaced = _wait_until(lambda: (w := s.client.health()["irq"]["worker"])["starts"] >= 2 and w["pid"], timeout=15)
+    assert replaced and replaced != worker
+    assert "loop_failed" in s.daemon.log() and "IRQ worker process died" in s.daemon.log()
+    assert _wait_until(lambda: s.client.health()["status"] == "ok", timeout=15), s.client.health()
+    s.check()
+
+
+def test_the_irq_worker_goes_with_the_daemon(scenario):
+    import psutil
+
+    s = scenario(config='[irq]\nmode = "dry-run"\n[probe]\nenabled = false\n')
+    worker = _wait_until(lambda: s.client.health()["irq"]["worker"]["pid"])
+    s.daemon.stop(signal.SIGKILL)  # even a kill -9: the worker reads EOF and exits
+    assert _wait_until(lambda: not psutil.pid_exists(worker) or
+                       psutil.Process(worker).status() == psutil.STATUS_ZOMBIE, timeout=10)

@@ -449,7 +449,7 @@ class Daemon:
         try:
             await self._supervised("irq", lambda: task.iteration(interval), self._deadline(interval))
         finally:
-            task.close()
+            await task.close()
 
     def irq_section(self) -> dict:
         """[irq] as the balancer gets it: in a container, continuous acts as dry-run unless

@@ -42,8 +42,8 @@ class IrqTask:
         IrqSettings.from_section(section)  # refuse a bad section here, not in the worker
         return cls(IrqWorker(str(host.root), section), **callbacks)
 
-    def close(self) -> None:
-        self.worker.close()
+    async def close(self) -> None:
+        await self.worker.close()
 
     # -- triggers (called on the event loop) -------------------------------------------
     def leases_changed(self) -> None:
@@ -111,9 +111,12 @@ class IrqTask:
 
     def health(self) -> dict:
         if self.last is None:
-            return {"mode": self.mode, "cycles": 0, "replans": 0, "moves_total": 0, "unsettable": 0,
-                    "writable": None, "last_error": None}
-        return self.last.health
+            health = {"mode": self.mode, "cycles": 0, "replans": 0, "moves_total": 0, "unsettable": 0,
+                      "writable": None, "last_error": None}
+        else:
+            health = dict(self.last.health)
+        health["worker"] = {"pid": self.worker.pid, "starts": self.worker.starts}
+        return health
 
     def status(self) -> str:
         return self.last.status if self.last else f"IRQ ({self.mode}): first cycle pending"

@@ -3,34 +3,36 @@
 the daemon that work would hold the GIL against the event loop, and every API request
 would wait behind it. In a child process it costs the API nothing.
 
-The child keeps the balancer (its snapshots, cooldowns and failure state) between calls;
-the daemon sends the topology only when it changed and gets back what it shows after each
-cycle: events, health, STATUS= text and per-CPU interrupt rates. The full plan (/v1/irqs,
-thousands of entries on a big host) is fetched only when asked for: unpickling it after
-every cycle would hold the GIL against the loop. A child
-that dies is replaced on the next call (the supervised loop reports the failure); where
-no process can be started the balancer runs in a thread instead, and says so.
+The child (`python -m topod.service.irq_worker`) keeps the balancer (its snapshots,
+cooldowns and failure state) between calls and speaks length-prefixed pickle frames on
+its stdin/stdout: no multiprocessing machinery, no semaphores, no resource-tracker
+process. The daemon sends the topology only when it changed and gets back what it shows
+after each cycle: events, health, STATUS= text and per-CPU interrupt rates. The full plan
+(/v1/irqs, thousands of entries on a big host) is fetched only when asked for. A child
+that dies is replaced on the next call (the supervised loop reports the failure).
 """
 
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+import pickle
+import struct
+import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, BinaryIO
 
 import structlog
 
 from topod.model import Topology
 
 log = structlog.get_logger("topod")
+FRAME = struct.Struct("!I")
+STOP_SECONDS = 5.0
 
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """What one cycle or re-plan tells the daemon (picklable)."""
+    """What one cycle or re-plan tells the daemon."""
 
     kind: str  # "cycle" | "replan"
     events: tuple[dict[str, Any], ...]
@@ -42,39 +44,6 @@ class Outcome:
     cpu_rates: dict[int, float] = field(default_factory=dict)
 
 
-# -- the child's side (module state is the child process's own) -----------------------
-_BALANCER = None
-_TOPOLOGY: Topology | None = None
-
-
-def _start(root: str, section: dict[str, Any]) -> None:
-    global _BALANCER  # noqa: PLW0603 - one balancer per worker process, by design
-    from topod.host import HostRoot
-    from topod.irq.cycle import IrqBalancer
-    from topod.irq.settings import IrqSettings
-
-    _BALANCER = IrqBalancer(HostRoot(root), IrqSettings.from_section(section))
-
-
-def _configure(section: dict[str, Any]) -> None:
-    from topod.irq.settings import IrqSettings
-
-    _BALANCER.configure(IrqSettings.from_section(section))
-
-
-def _run(full: bool, topology: Topology | None, leased: frozenset[int]) -> Outcome:
-    global _TOPOLOGY  # noqa: PLW0603
-    if topology is not None:
-        _TOPOLOGY = topology
-    if _TOPOLOGY is None:
-        raise RuntimeError("IRQ worker has no topology yet")
-    return outcome_of(_BALANCER, _BALANCER.cycle(_TOPOLOGY, leased) if full else _BALANCER.replan(_TOPOLOGY, leased))
-
-
-def _report() -> dict[str, Any]:
-    return _BALANCER.report() if _BALANCER is not None else {}
-
-
 def outcome_of(balancer, report) -> Outcome:  # noqa: ANN001 - IrqBalancer, CycleReport
     rates: dict[int, float] = {}
     load = balancer.last_load
@@ -83,82 +52,144 @@ def outcome_of(balancer, report) -> Outcome:  # noqa: ANN001 - IrqBalancer, Cycl
             for cpu, rate in per_cpu.items():
                 rates[cpu] = rates.get(cpu, 0.0) + rate
     return Outcome(kind=getattr(report, "kind", "cycle"), events=tuple(report.events), moves=report.moves,
-                   rediscover=report.rediscover, health=balancer.health(),
-                   status=balancer.status_text(), moves_total=balancer.moves_total, cpu_rates=rates)
+                   rediscover=report.rediscover, health=balancer.health(), status=balancer.status_text(),
+                   moves_total=balancer.moves_total, cpu_rates=rates)
 
 
-# -- the daemon's side -----------------------------------------------------------------
-class IrqWorker:
+# -- the child ------------------------------------------------------------------------
+class _Child:
     def __init__(self, root: str, section: dict[str, Any]) -> None:
-        self.root = root
-        self.section = dict(section)
-        self._pool: ProcessPoolExecutor | None = None
-        self._sent: Topology | None = None
-        self._thread_balancer = None  # the fallback when no process can be started
-        self.where = "process"
-
-    def _pool_or_start(self) -> ProcessPoolExecutor | None:
-        if self._pool is None and self._thread_balancer is None:
-            try:
-                # spawn: the daemon has threads (lease writer, executor); forking them is unsafe
-                context = multiprocessing.get_context("spawn")
-                self._pool = ProcessPoolExecutor(max_workers=1, mp_context=context, initializer=_start,
-                                                 initargs=(self.root, self.section))
-                self._sent = None
-            except (OSError, ValueError, NotImplementedError) as exc:
-                self._use_thread(f"no worker process ({exc})")
-        return self._pool
-
-    def _use_thread(self, why: str) -> None:
         from topod.host import HostRoot
         from topod.irq.cycle import IrqBalancer
         from topod.irq.settings import IrqSettings
 
-        self.where = f"thread: {why}"
-        log.warning("irq_worker_in_thread", reason=why)
-        self._thread_balancer = IrqBalancer(HostRoot(self.root), IrqSettings.from_section(self.section))
+        self.balancer = IrqBalancer(HostRoot(root), IrqSettings.from_section(section))
+        self.topology: Topology | None = None
+
+    def handle(self, request: tuple) -> Any:
+        verb = request[0]
+        if verb == "configure":
+            from topod.irq.settings import IrqSettings
+
+            self.balancer.configure(IrqSettings.from_section(request[1]))
+            return None
+        if verb == "run":
+            _, full, topology, leased = request
+            if topology is not None:
+                self.topology = topology
+            if self.topology is None:
+                raise RuntimeError("the IRQ worker has no topology yet")
+            step = self.balancer.cycle if full else self.balancer.replan
+            return outcome_of(self.balancer, step(self.topology, leased))
+        if verb == "report":
+            return self.balancer.report()
+        raise ValueError(f"unknown IRQ worker request {verb!r}")
+
+
+def _read_frame(stream: BinaryIO) -> Any:
+    header = stream.read(FRAME.size)
+    if len(header) < FRAME.size:
+        return None  # the daemon closed our stdin: stop
+    return pickle.loads(stream.read(FRAME.unpack(header)[0]))
+
+
+def _write_frame(stream: BinaryIO, value: Any) -> None:
+    data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(FRAME.pack(len(data)) + data)
+    stream.flush()
+
+
+def child_main() -> int:
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr  # nothing but frames on the pipe
+    start = _read_frame(stdin)
+    if start is None:
+        return 0
+    child = _Child(*start)
+    while (request := _read_frame(stdin)) is not None:
+        try:
+            reply = ("ok", child.handle(request))
+        except Exception as exc:  # noqa: BLE001 - reported to the daemon, which supervises
+            reply = ("error", f"{type(exc).__name__}: {exc}")
+        _write_frame(stdout, reply)
+    return 0
+
+
+# -- the daemon's side -------------------------------------------------------------------
+class IrqWorker:
+    def __init__(self, root: str, section: dict[str, Any]) -> None:
+        self.root = root
+        self.section = dict(section)
+        self._process: asyncio.subprocess.Process | None = None
+        self._sent: Topology | None = None
+        self.where = "process"
+        self.starts = 0
+
+    async def _ensure(self) -> asyncio.subprocess.Process:
+        if self._process is not None and self._process.returncode is None:
+            return self._process
+        self._process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "topod.service.irq_worker", stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE)
+        self._sent = None
+        self.starts += 1
+        self._send(self._process, (self.root, self.section))
+        return self._process
+
+    @staticmethod
+    def _send(process: asyncio.subprocess.Process, value: Any) -> None:
+        data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        process.stdin.write(FRAME.pack(len(data)) + data)
+
+    async def _call(self, request: tuple) -> Any:
+        process = await self._ensure()
+        try:
+            self._send(process, request)
+            await process.stdin.drain()
+            header = await process.stdout.readexactly(FRAME.size)
+            status, value = pickle.loads(await process.stdout.readexactly(FRAME.unpack(header)[0]))
+        except (asyncio.IncompleteReadError, ConnectionError, BrokenPipeError) as exc:
+            self._process = None
+            raise RuntimeError(f"the IRQ worker process died ({type(exc).__name__}); "
+                               "a new one starts on the next cycle") from None
+        if status != "ok":
+            raise RuntimeError(f"IRQ worker: {value}")
+        return value
+
+    @property
+    def pid(self) -> int | None:
+        process = self._process
+        return process.pid if process is not None and process.returncode is None else None
 
     async def configure(self, section: dict[str, Any]) -> None:
         self.section = dict(section)
-        if self._thread_balancer is not None:
-            from topod.irq.settings import IrqSettings
-
-            self._thread_balancer.configure(IrqSettings.from_section(section))
-        elif self._pool is not None:
-            await asyncio.wrap_future(self._pool.submit(_configure, self.section))
+        await self._call(("configure", self.section))
 
     async def run(self, full: bool, topology: Topology, leased: frozenset[int]) -> Outcome:
-        pool = self._pool_or_start()
-        if pool is None:
-            balancer = self._thread_balancer
-            step = balancer.cycle if full else balancer.replan
-            report = await asyncio.to_thread(step, topology, leased)
-            return outcome_of(balancer, report)
-        send = None if topology is self._sent else topology
-        try:
-            outcome = await asyncio.wrap_future(pool.submit(_run, full, send, leased))
-        except BrokenProcessPool:
-            self._discard_pool()
-            raise RuntimeError("the IRQ worker process died; a new one starts on the next cycle") from None
+        outcome = await self._call(("run", full, None if topology is self._sent else topology, leased))
         self._sent = topology
         return outcome
 
     async def report(self) -> dict[str, Any]:
-        if self._thread_balancer is not None:
-            return self._thread_balancer.report()
-        if self._pool is None:
+        if self._process is None:
             return {}
+        return await self._call(("report",))
+
+    async def close(self) -> None:
+        process, self._process = self._process, None
+        if process is None or process.returncode is not None:
+            return
+        process.stdin.close()
         try:
-            return await asyncio.wrap_future(self._pool.submit(_report))
-        except BrokenProcessPool:
-            self._discard_pool()
-            raise RuntimeError("the IRQ worker process died; a new one starts on the next cycle") from None
+            await asyncio.wait_for(process.wait(), STOP_SECONDS)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
 
-    def _discard_pool(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-        self._pool = None
-        self._sent = None
 
-    def close(self) -> None:
-        self._discard_pool()
+if __name__ == "__main__":
+    # Run the module's own copy, not __main__'s: what the child pickles (Outcome) must
+    # name topod.service.irq_worker for the daemon to load it.
+    from topod.service.irq_worker import child_main as main
+
+    sys.exit(main())
