@@ -3,6 +3,8 @@
 Levels follow `nvidia-smi topo -m`, best first:
 
   X     the same device
+  C2C   a GPU and its own CPU node over NVLink-C2C (Grace Hopper/Blackwell): GPU <-> node
+        only (`gpu_to_node`), never between two PCI devices
   NV#   # direct NVLink links between two GPUs
   NVS   both GPUs in one NVSwitch island (all-to-all; # = the fewer per-GPU links)
   PIX   through at most one PCIe switch
@@ -21,11 +23,18 @@ from dataclasses import dataclass, field
 
 from topod.model import PciDevice, Topology
 
-LEVEL_ORDER = ("X", "NV", "NVS", "PIX", "PXB", "PHB", "NODE", "SYS")
+LEVEL_ORDER = ("X", "C2C", "NV", "NVS", "PIX", "PXB", "PHB", "NODE", "SYS")
 
 BASE_WEIGHTS = {"X": 0.0, "PIX": 10.0, "PXB": 20.0, "PHB": 30.0, "NODE": 40.0, "SYS": 50.0}
 NVLINK_SCALE = 10.0  # NV# weight = NVLINK_SCALE / (links + 1): NV1 = 5, NV4 = 2, NV18 = 0.53
 SLIT_REMOTE = 20  # SLIT distance at which SYS costs exactly BASE_WEIGHTS["SYS"]
+NVLINK_GBPS_PER_LINK = 25.0  # the unit C2C bandwidth is counted in (as NVLink links)
+C2C_DEFAULT_GBPS = 450.0  # one direction, GH200/GB200 datasheets, when no figure is known
+
+
+def c2c_weight(gbps: float | None) -> float:
+    """C2C weighs like NVLink of the same bandwidth: 450 GB/s = 18 links -> 0.53."""
+    return nvlink_weight(int((gbps or C2C_DEFAULT_GBPS) / NVLINK_GBPS_PER_LINK))
 
 
 def nvlink_weight(links: int) -> float:
@@ -61,7 +70,7 @@ def pcie_distance(topology: Topology, a: PciDevice, b: PciDevice) -> Distance:
     """The PCIe/NUMA level of a pair, ignoring NVLink."""
     if a.address == b.address:
         return Distance("X", BASE_WEIGHTS["X"])
-    if a.root_complex == b.root_complex:
+    if a.root_complex and a.root_complex == b.root_complex:  # "": outside any host bridge
         chain_a, chain_b = a.bridge_chain, b.bridge_chain
         common = 0
         while common < min(len(chain_a), len(chain_b)) and chain_a[common] == chain_b[common]:
@@ -106,6 +115,21 @@ class DistanceModel:
             # A device NVML reports but sysfs does not: nothing is known; assume the worst.
             return Distance("SYS", sys_weight(None))
         return self._corrected(address_a, address_b, pcie_distance(self.topology, a, b))
+
+    def gpu_to_node(self, index: int, node_id: int) -> Distance:
+        """A GPU and a NUMA node's CPUs and memory: C2C to its own CPU node when the GPU has
+        NVLink-C2C, else PHB to its own node (PCIe through the host bridge), SYS across
+        nodes (SLIT-weighted). A node holding the GPU's own memory counts as its CPU node."""
+        gpu = next((g for g in self.topology.gpus if g.index == index), None)
+        if gpu is None or gpu.numa_node is None:
+            return Distance("SYS", sys_weight(None))
+        near = node_id == gpu.numa_node or node_id == gpu.memory_numa_node
+        if near and gpu.c2c is not None:
+            return Distance("C2C", c2c_weight(gpu.c2c.bandwidth_gbps))
+        if near:
+            return Distance("PHB", BASE_WEIGHTS["PHB"])
+        slit = self.topology.slit(gpu.numa_node, node_id)
+        return Distance("SYS", sys_weight(slit), slit=slit)
 
     def gpus(self, index_a: int, index_b: int) -> Distance:
         return self.between(self._gpu_address[index_a], self._gpu_address[index_b])

@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 # Where a PCI function's NUMA node came from, best first.
 NUMA_SOURCES = ("firmware", "local_cpus", "ancestor", "measured", "single_node", "unknown")
 
-DEVICE_KINDS = ("gpu", "nvswitch", "rdma", "nic", "nvme", "bridge", "other")
+DEVICE_KINDS = ("gpu", "nvswitch", "rdma", "nic", "nvme", "storage", "bridge", "other")
+# Where a NUMA node's initiators (the CPUs it is local to) came from.
+INITIATOR_SOURCES = ("cpus", "hmat-access1", "hmat-access0", "slit", "none")
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +29,17 @@ class HostWarning:
 
 
 @dataclass(frozen=True, slots=True)
+class HugePages:
+    """One node's pool of one huge page size: nr_hugepages and free_hugepages (pages)."""
+
+    total: int
+    free: int
+
+    def to_json(self) -> dict[str, int]:
+        return {"total": self.total, "free": self.free}
+
+
+@dataclass(frozen=True, slots=True)
 class NumaNode:
     id: int
     cpus: tuple[int, ...]  # online CPUs only
@@ -34,6 +47,12 @@ class NumaNode:
     memory_bytes: int | None
     listed_cpus: tuple[int, ...] = ()  # the node's cpulist as sysfs gives it, offline included
     local_cpus: tuple[int, ...] = ()  # its own CPUs, or for a CPU-less node the nearest ones
+    initiators: tuple[int, ...] = ()  # CPU nodes local_cpus came from (HMAT, else SLIT)
+    initiator_source: str = "cpus"  # one of INITIATOR_SOURCES
+    access: MemoryAccess | None = None  # HMAT performance from the initiators
+    memory_tier: int | None = None  # memory_tiering/memory_tierN holding the node
+    gpu: int | None = None  # index of the GPU whose memory this node is
+    hugepages: dict[int, HugePages] = field(default_factory=dict)  # page size in KiB -> pool
 
     @property
     def has_cpus(self) -> bool:
@@ -47,7 +66,27 @@ class NumaNode:
             "distances": {str(k): v for k, v in sorted(self.distances.items())},
             "memory_bytes": self.memory_bytes,
             "memory_only": not self.has_cpus,
+            "initiators": list(self.initiators),
+            "initiator_source": self.initiator_source,
+            "access": self.access.to_json() if self.access else None,
+            "memory_tier": self.memory_tier,
+            "gpu": self.gpu,
+            "hugepages": {str(size): pool.to_json() for size, pool in sorted(self.hugepages.items())},
         }
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryAccess:
+    """HMAT figures of a node from its best initiators: MB/s and nanoseconds."""
+
+    read_bandwidth: int | None = None
+    write_bandwidth: int | None = None
+    read_latency: int | None = None
+    write_latency: int | None = None
+
+    def to_json(self) -> dict[str, int | None]:
+        return {"read_bandwidth_mb_s": self.read_bandwidth, "write_bandwidth_mb_s": self.write_bandwidth,
+                "read_latency_ns": self.read_latency, "write_latency_ns": self.write_latency}
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +165,7 @@ class PciDevice:
     kind: str
     driver: str | None
     parent: str | None  # address of the upstream bridge, None on a root bus
-    root_complex: str  # host bridge directory, e.g. pci0000:17
+    root_complex: str  # host bridge directory, e.g. pci0000:17; "" outside any (JSON null)
     root_port: str | None  # topmost bridge above (or self, for a root port)
     switch: str | None  # upstream port of the nearest PCIe switch above, if any
     numa_node_raw: int | None
@@ -147,7 +186,7 @@ class PciDevice:
             "kind": self.kind,
             "driver": self.driver,
             "parent": self.parent,
-            "root_complex": self.root_complex,
+            "root_complex": self.root_complex or None,
             "root_port": self.root_port,
             "switch": self.switch,
             "numa_node_raw": self.numa_node_raw,
@@ -183,14 +222,25 @@ class Gpu:
     numa_node: int | None
     nvlinks: tuple[NvLink, ...] = ()
     source: str = "sysfs"  # nvml-live | nvml-file | sysfs
+    memory_numa_node: int | None = None  # the NUMA node holding its memory (Grace, POWER9)
+    memory_numa_source: str | None = None  # nvml-live | nvml-file | sysfs-heuristic
+    c2c: C2cLink | None = None  # NVLink-C2C to its CPU node
+    fabric: GpuFabric | None = None  # multi-node NVLink (NVL72-class) membership
+    minor: int | None = None  # device minor (N of /dev/nvidiaN): the driver's, else NVML's; None unknown
+
+    @property
+    def device_number(self) -> int:
+        """N of /dev/nvidiaN: the device minor, else (unknown, warned at discovery) the index."""
+        return self.minor if self.minor is not None else self.index
 
     @property
     def device_file(self) -> str:
-        return f"/dev/nvidia{self.index}"
+        return f"/dev/nvidia{self.device_number}"
 
     def to_json(self) -> dict[str, object]:
         return {
             "index": self.index,
+            "minor": self.minor,
             "address": self.address,
             "uuid": self.uuid,
             "name": self.name,
@@ -198,6 +248,10 @@ class Gpu:
             "compute_capability": list(self.compute_capability) if self.compute_capability else None,
             "numa_node": self.numa_node,
             "source": self.source,
+            "memory_numa_node": self.memory_numa_node,
+            "memory_numa_source": self.memory_numa_source,
+            "c2c": self.c2c.to_json() if self.c2c else None,
+            "fabric": self.fabric.to_json() if self.fabric else None,
             "nvlinks": [
                 {
                     "link": link.link,
@@ -208,6 +262,31 @@ class Gpu:
                 for link in self.nvlinks
             ],
         }
+
+
+@dataclass(frozen=True, slots=True)
+class C2cLink:
+    """NVLink-C2C between a GPU and its CPU: one-direction GB/s and where that came from."""
+
+    bandwidth_gbps: float | None
+    source: str  # nvml-live | nvml-file | table
+
+    def to_json(self) -> dict[str, object]:
+        return {"bandwidth_gbps": self.bandwidth_gbps, "source": self.source}
+
+
+@dataclass(frozen=True, slots=True)
+class GpuFabric:
+    """A GPU's place in a multi-node NVLink domain (NVML GPU fabric info)."""
+
+    cluster_uuid: str | None
+    clique_id: int | None
+    state: str  # not-supported | not-started | in-progress | completed | unknown
+    health: str | None = None
+
+    def to_json(self) -> dict[str, object]:
+        return {"cluster_uuid": self.cluster_uuid, "clique_id": self.clique_id, "state": self.state,
+                "health": self.health}
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,6 +328,7 @@ class Topology:
     nvlink: NvlinkFabric
     warnings: tuple[HostWarning, ...]
     driver_version: str | None = None
+    hostname: str | None = None  # proc/sys/kernel/hostname of the tree
 
     def node(self, node_id: int) -> NumaNode | None:
         for node in self.numa_nodes:

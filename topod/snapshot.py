@@ -14,6 +14,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from topod.discover.devnames import VIRTIO_CHILD_DIRS, is_virtio_dir
+from topod.discover.fabric import extras_to_json
 from topod.discover.notes import Notes
 from topod.discover.nvml import NVML_FILE, NvmlReport, read_live_nvml
 from topod.host import HostRoot
@@ -23,11 +25,14 @@ CPU_TOPOLOGY = ("core_id", "physical_package_id", "die_id", "thread_siblings_lis
                 "package_cpus_list", "core_siblings_list")
 CACHE_FILES = ("level", "type", "shared_cpu_list", "size", "id")
 NODE_FILES = ("cpulist", "cpumap", "distance", "meminfo")
+HUGEPAGE_FILES = ("nr_hugepages", "free_hugepages", "surplus_hugepages")
 PCI_FILES = ("vendor", "device", "class", "numa_node", "local_cpus", "local_cpulist", "current_link_speed",
              "current_link_width", "max_link_speed", "max_link_width", "subsystem_vendor", "subsystem_device",
              "revision", "irq", "uevent")
 PCI_CHILD_CLASSES = ("net", "infiniband", "nvme", "drm")
-PROC_FILES = ("cpuinfo", "meminfo", "stat", "interrupts", "softirqs", "cmdline")
+PROC_FILES = ("cpuinfo", "meminfo", "stat", "interrupts", "softirqs", "cmdline", "sys/kernel/hostname")
+ACCESS_FILES = ("read_bandwidth", "write_bandwidth", "read_latency", "write_latency")
+TIER_DIR = "sys/devices/virtual/memory_tiering"
 IRQ_FILES = ("smp_affinity_list", "effective_affinity_list", "node", "smp_affinity")
 PCI_ADDRESS = re.compile(r"^[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 
@@ -45,6 +50,7 @@ def collect(host: HostRoot) -> Iterator[Entry]:
     yield from _pci_entries(host)
     for name in PROC_FILES:
         yield from _file(host, f"proc/{name}")
+    yield from _driver_gpu_entries(host)
     for irq in host.listdir("proc/irq"):
         if irq.isdigit():
             for name in IRQ_FILES:
@@ -93,12 +99,51 @@ def _node_entries(host: HostRoot) -> Iterator[Entry]:
         if node.startswith("node") and node[4:].isdigit():
             for name in NODE_FILES:
                 yield from _file(host, f"{base}/{node}/{name}")
+            yield from _hugepage_entries(host, f"{base}/{node}/hugepages")
+            yield from _access_entries(host, f"{base}/{node}")
+    for tier in host.listdir(TIER_DIR):
+        if tier.startswith("memory_tier"):
+            yield from _file(host, f"{TIER_DIR}/{tier}/nodelist")
+
+
+def _access_entries(host: HostRoot, node_dir: str) -> Iterator[Entry]:
+    """HMAT: accessN/initiators/nodeM (links, kept as links) and the performance files."""
+    for access in host.listdir(node_dir):
+        if not (access.startswith("access") and access[6:].isdigit()):
+            continue
+        base = f"{node_dir}/{access}/initiators"
+        for name in host.listdir(base):
+            if name.startswith("node") and name[4:].isdigit():
+                yield from _link(host, f"{base}/{name}")
+            elif name in ACCESS_FILES:
+                yield from _file(host, f"{base}/{name}")
+
+
+def _hugepage_entries(host: HostRoot, base: str) -> Iterator[Entry]:
+    """nodeN/hugepages/hugepages-<size>kB/{nr,free,surplus}_hugepages."""
+    for size in host.listdir(base):
+        if size.startswith("hugepages-"):
+            for name in HUGEPAGE_FILES:
+                yield from _file(host, f"{base}/{size}/{name}")
+
+
+def _driver_gpu_entries(host: HostRoot) -> Iterator[Entry]:
+    """/proc/driver/nvidia/gpus/<bdf>/information: the device minor of each GPU."""
+    for address in host.listdir("proc/driver/nvidia/gpus"):
+        if PCI_ADDRESS.match(address.lower()):
+            yield from _file(host, f"proc/driver/nvidia/gpus/{address}/information")
 
 
 def _pci_entries(host: HostRoot) -> Iterator[Entry]:
     bus = "sys/bus/pci/devices"
     for name in host.listdir(bus):
-        yield from _link(host, f"{bus}/{name}")
+        if host.readlink(f"{bus}/{name}") is not None:
+            yield from _link(host, f"{bus}/{name}")
+            real = (host.resolve(f"{bus}/{name}") or "").lstrip("/")
+            if real.startswith("sys/devices/") and not real.split("/")[2].startswith("pci"):
+                yield from _function_files(host, real)  # outside sys/devices/pci*: not walked below
+        elif PCI_ADDRESS.match(name):  # a function outside any host bridge: a plain directory
+            yield from _function_files(host, f"{bus}/{name}")
     for top in host.listdir("sys/devices"):
         if top.startswith("pci"):
             yield from _pci_tree(host, f"sys/devices/{top}")
@@ -112,15 +157,28 @@ def _pci_tree(host: HostRoot, path: str) -> Iterator[Entry]:
         child = f"{path}/{name}"
         if not PCI_ADDRESS.match(name) or host.readlink(child) is not None:
             continue
-        for file_name in PCI_FILES:
-            yield from _file(host, f"{child}/{file_name}")
-        yield from _link(host, f"{child}/driver")
-        for irq in host.listdir(f"{child}/msi_irqs"):
-            yield from _file(host, f"{child}/msi_irqs/{irq}")
-        for cls in PCI_CHILD_CLASSES:
-            for sub in host.listdir(f"{child}/{cls}"):
-                yield from _file(host, f"{child}/{cls}/{sub}/uevent")
+        yield from _function_files(host, child)
         yield from _pci_tree(host, child)
+
+
+def _function_files(host: HostRoot, child: str) -> Iterator[Entry]:
+    """A function's attributes, driver link, MSI vectors and named children."""
+    for file_name in PCI_FILES:
+        yield from _file(host, f"{child}/{file_name}")
+    yield from _link(host, f"{child}/driver")
+    for irq in host.listdir(f"{child}/msi_irqs"):
+        yield from _file(host, f"{child}/msi_irqs/{irq}")
+    for cls in PCI_CHILD_CLASSES:
+        for sub in host.listdir(f"{child}/{cls}"):
+            yield from _file(host, f"{child}/{cls}/{sub}/uevent")
+    for entry in host.listdir(child):  # block/NAME and virtioN/{net,block}/NAME
+        if entry == "block":
+            for sub in host.listdir(f"{child}/block"):
+                yield from _file(host, f"{child}/block/{sub}/uevent")
+        elif is_virtio_dir(entry):
+            for cls in VIRTIO_CHILD_DIRS:
+                for sub in host.listdir(f"{child}/{entry}/{cls}"):
+                    yield from _file(host, f"{child}/{entry}/{cls}/{sub}/uevent")
 
 
 def nvml_report_to_json(report: NvmlReport) -> dict[str, object]:
@@ -134,11 +192,13 @@ def nvml_report_to_json(report: NvmlReport) -> dict[str, object]:
                 "name": gpu.name,
                 "memory_total_mib": gpu.memory_total_mib,
                 "compute_capability": list(gpu.compute_capability) if gpu.compute_capability else None,
+                "minor_number": gpu.minor_number,
                 "nvlinks": [
                     {"link": link.link, "active": link.active, "remote_pci_bus_id": link.remote_pci_bus_id,
                      "remote_device_type": link.remote_device_type}
                     for link in gpu.nvlinks
                 ],
+                **extras_to_json(gpu.extras),
             }
             for gpu in report.gpus
         ],

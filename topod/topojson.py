@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from topod.distance import DistanceModel
+from topod.discover.fabric import nvlink_domain
 from topod.model import Topology
 
 SCHEMA_VERSION = 1
@@ -14,6 +15,7 @@ def topology_to_json(topology: Topology, distances: DistanceModel | None = None)
     return {
         "schema_version": SCHEMA_VERSION,
         "root": topology.root,
+        "hostname": topology.hostname,
         "driver_version": topology.driver_version,
         "numa_nodes": [node.to_json() for node in topology.numa_nodes],
         "cpus": [cpu.to_json() for cpu in topology.cpus],
@@ -22,6 +24,8 @@ def topology_to_json(topology: Topology, distances: DistanceModel | None = None)
         "pci_devices": [device.to_json() for device in topology.pci_devices],
         "gpus": [gpu.to_json() for gpu in topology.gpus],
         "nvlink": topology.nvlink.to_json(),
+        "nvlink_domain": nvlink_domain(topology.gpus),
+        "gpu_numa_distances": gpu_numa_distances(topology, model),
         "pcie_switches": pcie_switches(topology),
         "distance_matrix": distance_matrix(topology, model),
         "warnings": [warning.to_json() for warning in topology.warnings],
@@ -68,3 +72,12 @@ def pcie_switches(topology: Topology) -> list[dict[str, object]]:
         elif device.kind != "bridge":
             entry["devices"].append(device.address)
     return [{"upstream_port": usp, **members} for usp, members in sorted(switches.items())]
+
+
+def gpu_numa_distances(topology: Topology, model: DistanceModel) -> dict[str, object]:
+    """Each GPU to each NUMA node: level (C2C, PHB, SYS) and weight, nodes in id order."""
+    nodes = [node.id for node in topology.numa_nodes]
+    rows = [[model.gpu_to_node(gpu.index, node) for node in nodes] for gpu in topology.gpus]
+    return {"gpus": [gpu.index for gpu in topology.gpus], "nodes": nodes,
+            "levels": [[d.label for d in row] for row in rows],
+            "weights": [[round(d.weight, 3) for d in row] for row in rows]}

@@ -4,15 +4,14 @@ import errno
 import json
 import os
 import shutil
-import signal
 import time
-from contextlib import contextmanager
 
 import pytest
 
 from topod.discover import discover
 from topod.errors import NotAHostTreeError
 from topod.host import HostRoot
+from timebox import within as _within
 
 
 def _discover(root):
@@ -21,23 +20,6 @@ def _discover(root):
 
 def _codes(topo):
     return {w.code for w in topo.warnings}
-
-
-@contextmanager
-def _within(seconds):
-    """Fail instead of hanging the suite when the block blocks (a FIFO opened for reading)."""
-
-    def expire(signum, frame):
-        raise TimeoutError(f"blocked for more than {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
 
 
 def _device_path(root, address):

@@ -77,7 +77,8 @@ def test_gpu_capacity_per_zone_matches_the_host(topology_of, host, per_zone):
 
 def test_vm_without_gpus_has_no_gpu_resource_at_all(topology_of):
     zone = build_nrt(topology_of("vm-nogpu"), "vm")["zones"][0]
-    assert set(_resources(zone)) == {"cpu", "memory"}
+    # Empty huge page pools are listed, as the kubelet lists them in the node's capacity.
+    assert set(_resources(zone)) == {"cpu", "memory", "hugepages-2Mi", "hugepages-1Gi"}
     assert _resources(zone)["cpu"]["capacity"] == 4
 
 
@@ -182,3 +183,141 @@ def test_leasing_a_gpu_the_host_lacks_is_an_error(topology_of):
 def test_empty_node_name_is_an_error(topology_of):
     with pytest.raises(ConfigError, match="node name"):
         build_nrt(topology_of("vm-nogpu"), "")
+
+
+# --- the kubelet's topology manager settings (topod.export.kubelet) -------------------
+
+KUBEADM_CONFIG = """\
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+authentication:
+  anonymous:
+    enabled: false   # topologyManagerPolicy: restricted (a comment, not a key)
+clusterDNS:
+- 10.96.0.10
+cpuManagerPolicy: static
+reservedSystemCPUs: "0,32"
+topologyManagerPolicy: "single-numa-node"   # must match the NRT object
+topologyManagerScope: 'pod'
+featureGates: {TopologyManagerPolicyOptions: true}
+"""
+
+
+def _tm(text):
+    from topod.export.kubelet import topology_manager_from_text
+    from topod.export.nrt import POLICIES, SCOPES
+
+    return topology_manager_from_text(text, "/var/lib/kubelet/config.yaml", POLICIES, SCOPES)
+
+
+def test_kubelet_config_parser_reads_top_level_keys_only():
+    from topod.export.kubelet import parse_kubelet_config
+
+    keys = parse_kubelet_config(KUBEADM_CONFIG)
+    assert keys["topologyManagerPolicy"] == "single-numa-node" and keys["topologyManagerScope"] == "pod"
+    assert keys["kind"] == "KubeletConfiguration" and keys["reservedSystemCPUs"] == "0,32"
+    assert "anonymous" not in keys and "enabled" not in keys
+
+
+@pytest.mark.parametrize("text", ["just some words\n", "- a\n- b\n", "\x00\x01\x02", "", "# only a comment\n",
+                                  "{not json", "[1, 2]\n", "key:value\n"])
+def test_kubelet_config_parser_refuses_what_is_not_a_mapping(text):
+    from topod.export.kubelet import parse_kubelet_config
+
+    with pytest.raises(ValueError):
+        parse_kubelet_config(text)
+
+
+def test_kubelet_config_policy_and_scope_are_read():
+    found = _tm(KUBEADM_CONFIG)
+    assert (found.policy, found.scope, found.source, found.warnings) == ("single-numa-node", "pod",
+                                                                         "kubelet-config", ())
+
+
+def test_kubelet_config_in_json_is_read_too():
+    found = _tm('{"kind": "KubeletConfiguration", "topologyManagerPolicy": "restricted"}')
+    assert (found.policy, found.scope, found.warnings) == ("restricted", "container", ())
+
+
+def test_kubelet_config_without_the_keys_means_the_kubelet_defaults_without_warning():
+    found = _tm("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n")
+    assert (found.policy, found.scope, found.warnings) == ("none", "container", ())
+
+
+@pytest.mark.parametrize("text,fragment", [
+    ("this is not yaml at all\n", "not a top-level"),
+    ("kind: Pod\ntopologyManagerPolicy: restricted\n", "not KubeletConfiguration"),
+    ("topologyManagerPolicy: strict\n", "'strict' is not one of"),
+])
+def test_garbage_kubelet_config_gives_none_and_a_warning(text, fragment):
+    found = _tm(text)
+    assert found.policy == "none" and found.scope == "container"
+    assert [w.code for w in found.warnings] == ["kubelet_config_invalid"]
+    assert fragment in found.warnings[0].reason
+
+
+def _kubelet_tree(host_tree, text=None, path="var/lib/kubelet/config.yaml"):
+    root = host_tree("vm-nogpu")
+    if text is not None:
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(text)
+    return root
+
+
+def test_missing_kubelet_config_gives_none_and_a_warning(host_tree):
+    from topod.export.kubelet import resolve_topology_manager
+    from topod.export.nrt import POLICIES, SCOPES
+    from topod.host import HostRoot
+
+    found = resolve_topology_manager(HostRoot(_kubelet_tree(host_tree)), "/var/lib/kubelet/config.yaml",
+                                     "auto", "auto", POLICIES, SCOPES)
+    assert (found.policy, found.scope, found.source) == ("none", "container", "default")
+    assert [w.code for w in found.warnings] == ["kubelet_config_missing"]
+
+
+def test_explicit_options_override_the_kubelet_config(host_tree):
+    from topod.export.kubelet import resolve_topology_manager
+    from topod.export.nrt import POLICIES, SCOPES
+    from topod.host import HostRoot
+
+    host = HostRoot(_kubelet_tree(host_tree, KUBEADM_CONFIG))
+    path = "/var/lib/kubelet/config.yaml"
+    both = resolve_topology_manager(host, path, "best-effort", "container", POLICIES, SCOPES)
+    assert (both.policy, both.scope, both.source) == ("best-effort", "container", "option")
+    half = resolve_topology_manager(host, path, "restricted", "auto", POLICIES, SCOPES)
+    assert (half.policy, half.scope, half.source) == ("restricted", "pod", "option+kubelet-config")
+
+
+def test_export_nrt_cli_reads_the_kubelet_config_by_default(host_tree, capsys):
+    import json
+
+    from topod.cli.topoctl import main
+
+    root = str(_kubelet_tree(host_tree, KUBEADM_CONFIG))
+    assert main(["export", "nrt", "--root", root, "--node-name", "n", "--json"]) == 0
+    captured = capsys.readouterr()
+    obj = json.loads(captured.out)
+    top = _attrs(obj["attributes"])
+    assert (top["topologyManagerPolicy"], top["topologyManagerScope"]) == ("single-numa-node", "pod")
+    assert top["topod.io/topology-manager-source"] == "kubelet-config"
+    assert obj["topologyPolicies"] == ["SingleNUMANodePodLevel"]
+    assert "kubelet_config" not in captured.err
+
+
+def test_export_nrt_cli_custom_kubelet_config_path_and_missing_file_warning(host_tree, capsys):
+    import json
+
+    from topod.cli.topoctl import main
+
+    root = str(_kubelet_tree(host_tree, "kind: KubeletConfiguration\ntopologyManagerPolicy: restricted\n",
+                             path="etc/kubernetes/kubelet.yaml"))
+    assert main(["export", "nrt", "--root", root, "--node-name", "n", "--json",
+                 "--kubelet-config", "/etc/kubernetes/kubelet.yaml"]) == 0
+    assert _attrs(json.loads(capsys.readouterr().out)["attributes"])["topologyManagerPolicy"] == "restricted"
+    assert main(["export", "nrt", "--root", root, "--node-name", "n", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert _attrs(json.loads(captured.out)["attributes"])["topologyManagerPolicy"] == "none"
+    warnings = [json.loads(line)["warning"] for line in captured.err.splitlines() if '"warning"' in line]
+    assert [w["code"] for w in warnings] == ["kubelet_config_missing"]
+    assert main(["export", "nrt", "--root", root, "--node-name", "n", "--policy", "none", "--scope", "pod"]) == 0
+    assert "kubelet_config" not in capsys.readouterr().err  # both given: the file is not read

@@ -63,7 +63,7 @@ def test_lines_are_in_pci_bus_order_and_links_columns_follow_it(topology_of):
     topology = topology_of("dgx1-cubemesh")
     lines = gres_lines(topology)
     by_address = sorted(topology.gpus, key=lambda g: g.address)
-    assert [line.file for line in lines] == [f"/dev/nvidia{g.index}" for g in by_address]
+    assert [line.file for line in lines] == [g.device_file for g in by_address]
     fabric = topology.nvlink
     for i, line in enumerate(lines):
         for j, count in enumerate(line.links):

@@ -9,7 +9,6 @@ import atexit
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,7 @@ from topod.errors import NotAHostTreeError, TopodError
 from topod.host import HostRoot
 from topod.hostspec import build_host
 from topod.topojson import topology_to_json
+from timebox import within as _within
 
 REPO = Path(__file__).resolve().parents[2]
 TOPOCTL = [sys.executable, "-m", "topod.cli.topoctl", "topo", "--json", "--root"]
@@ -73,20 +73,6 @@ def _build_base() -> tuple[Path, list[str], list[str]]:
 
 
 BASE, FILES, DIRS = _build_base()
-
-
-@contextmanager
-def _within(seconds: float):
-    def expire(signum, frame):
-        raise TimeoutError(f"discovery blocked for more than {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def _replace(path: Path) -> None:

@@ -205,7 +205,7 @@ def scenario_cross_check_injected(tree: Path, testbed) -> dict:
     testbed.set_attribute(str(gpu_path), "numa_node", "1")
     testbed.uevent(nvme_path, "remove")
     testbed.remove_device(nvme_path)
-    # A function outside any pciDDDD:BB host bridge: sysfs discovery skips it, udev lists it.
+    # A function outside any pciDDDD:BB host bridge: the stale topology lacks it, udev lists it.
     testbed.add_from_string(function_record("/devices/platform/odd/0000:7f:00.0", 0x10DE, 0x2324, 0x030200,
                                             "nvidia"))
     stale = cross_check(host, topology)

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from topod.client import Client
 
 WATCHDOG_USEC = 1_000_000  # pings every 0.5 s
 

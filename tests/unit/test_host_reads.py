@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import errno
 import os
-import signal
 import threading
 import time
-from contextlib import contextmanager
 
 import pytest
 
@@ -20,22 +18,7 @@ from topod.errors import (
     NotARegularFileError,
 )
 from topod.host import PROBLEMS_KEPT, READ_CAP, HostRoot, read_cap
-
-
-@contextmanager
-def within(seconds: float):
-    """Fail (instead of hanging the suite) when the block blocks for longer."""
-
-    def expire(signum, frame):
-        raise TimeoutError(f"blocked for more than {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+from timebox import within
 
 
 @pytest.fixture()

@@ -145,8 +145,12 @@ def _export(p: argparse.ArgumentParser) -> None:
     kinds = _sub(p, "export_kind", "KIND")
     nrt = _leaf(kinds, "nrt", "Kubernetes NodeResourceTopology (v1alpha2) as YAML")
     nrt.add_argument("--node-name", default=None, help="the Kubernetes Node name (default: the host's name)")
-    nrt.add_argument("--policy", default="none", help="the kubelet's --topology-manager-policy (default none)")
-    nrt.add_argument("--scope", default="container", help="the kubelet's --topology-manager-scope")
+    nrt.add_argument("--policy", default="auto",
+                     help="the kubelet's topology manager policy; default auto: from --kubelet-config, else none")
+    nrt.add_argument("--scope", default="auto",
+                     help="the kubelet's topology manager scope; default auto: from --kubelet-config, else container")
+    nrt.add_argument("--kubelet-config", default="/var/lib/kubelet/config.yaml", metavar="PATH",
+                     help="the kubelet's config file, under --root (default /var/lib/kubelet/config.yaml)")
     nrt.add_argument("--reserved-cpus", default="", metavar="CPUS",
                      help="CPUs the kubelet does not hand out, e.g. 0-1,32-33")
     nrt.add_argument("--leased-gpus", default="", metavar="GPUS",
@@ -159,7 +163,16 @@ def _export(p: argparse.ArgumentParser) -> None:
 
     slurm = _leaf(kinds, "slurm-gres", "Slurm gres.conf lines for the GPUs")
     slurm.add_argument("--node-name", default=None, help="prefix each line with NodeName=NAME")
+    slurm.add_argument("--device-dir", default="/dev", metavar="DIR",
+                       help="where File= points: DIR/nvidiaN, N the device minor (default /dev)")
     _handler(slurm, "topod.cli.export_cmd:run_slurm")
+
+    slurm_topo = _leaf(kinds, "slurm-topology", "a Slurm topology.conf from several hosts' topo --json files")
+    slurm_topo.add_argument("files", nargs="+", metavar="FILE",
+                            help="`topoctl topo --json` (or GET /v1/topology) output of each host; - for stdin")
+    slurm_topo.add_argument("--name", action="append", default=None, metavar="NAME",
+                            help="the Slurm node name of the n-th FILE (repeatable; default: its hostname)")
+    _handler(slurm_topo, "topod.cli.export_cmd:run_slurm_topology")
 
     nccl = _leaf(kinds, "nccl", "an NCCL topology XML (NCCL_TOPO_FILE)")
     nccl.add_argument("--output", "-o", default=None, metavar="PATH",

@@ -56,9 +56,18 @@ def node_name_of(host, given: str | None) -> str:
     return name
 
 
+def _warn(args: argparse.Namespace, warning) -> None:
+    """A host warning on stderr: a 'topoctl: warning:' line, or with --json a JSON line."""
+    if args.json:
+        sys.stderr.write(json.dumps({"warning": warning.to_json()}) + "\n")
+    else:
+        sys.stderr.write(f"topoctl: warning: [{warning.code}] {warning.path}: {warning.reason}\n")
+
+
 def run_nrt(args: argparse.Namespace) -> int:
     from topod.export.labels import parse_cluster_labels
-    from topod.export.nrt import NrtSettings, build_nrt
+    from topod.export.kubelet import resolve_topology_manager
+    from topod.export.nrt import POLICIES, SCOPES, NrtSettings, build_nrt
 
     labels: dict[str, object] = {}
     for item in args.label:
@@ -66,12 +75,20 @@ def run_nrt(args: argparse.Namespace) -> int:
         if not sep:
             raise ConfigError(f"--label {item!r}: expected KEY=VALUE, e.g. rack=r12")
         labels[key] = value
-    settings = NrtSettings(topology_manager_policy=args.policy, topology_manager_scope=args.scope)
     leased_gpus = _cpus(args.leased_gpus, "--leased-gpus")
     leased_cpus = _cpus(args.leased_cpus, "--leased-cpus")
     reserved_cpus = _cpus(args.reserved_cpus, "--reserved-cpus")
+    for option, value, allowed in (("--policy", args.policy, POLICIES), ("--scope", args.scope, SCOPES)):
+        if value != "auto" and value not in allowed:
+            kind = "policy" if option == "--policy" else "scope"
+            raise ConfigError(f"{option} {value!r}: topology_manager_{kind} must be auto or one of {', '.join(allowed)}")
     view = _view(args)
     host, topology = _host_and_topology(view.root)
+    manager = resolve_topology_manager(host, args.kubelet_config, args.policy, args.scope, POLICIES, SCOPES)
+    for warning in manager.warnings:
+        _warn(args, warning)
+    settings = NrtSettings(topology_manager_policy=manager.policy, topology_manager_scope=manager.scope,
+                           topology_manager_source=manager.source)
     obj = build_nrt(
         topology,
         node_name_of(host, args.node_name),
@@ -94,13 +111,16 @@ def run_slurm(args: argparse.Namespace) -> int:
     from topod.export.slurm import gres_lines, render_gres_conf
 
     _, topology = _host_and_topology(_view(args).root)
+    for warning in topology.warnings:
+        if warning.code in ("gpu_minor_unknown", "gpu_minor_mismatch", "gpu_minor_duplicate"):
+            _warn(args, warning)
     if args.json:
-        lines = gres_lines(topology, node_name=args.node_name)
-        rows = [{"file": line.file, "type": line.type, "cores": list(line.cores), "links": list(line.links),
-                 "line": line.render()} for line in lines]
+        lines = gres_lines(topology, node_name=args.node_name, device_dir=args.device_dir)
+        rows = [{"file": line.file, "index": line.index, "minor_known": line.minor_known, "type": line.type,
+                 "cores": list(line.cores), "links": list(line.links), "line": line.render()} for line in lines]
         sys.stdout.write(json.dumps({"gres": rows}, indent=2) + "\n")
     else:
-        sys.stdout.write(render_gres_conf(topology, node_name=args.node_name))
+        sys.stdout.write(render_gres_conf(topology, node_name=args.node_name, device_dir=args.device_dir))
     return 0
 
 
@@ -140,3 +160,31 @@ def run_nccl(args: argparse.Namespace) -> int:
 
 def _gpu_indices(topology, gpus: list[int] | None) -> list[int]:
     return sorted(gpus) if gpus is not None else [gpu.index for gpu in topology.gpus]
+
+
+def run_slurm_topology(args: argparse.Namespace) -> int:
+    """Several hosts' `topoctl topo --json` documents (files, or - for stdin) -> topology.conf."""
+    from topod.export.slurm_topology import host_entry, render_topology_conf
+
+    names = list(args.name or [])
+    if len(names) > len(args.files):
+        raise ConfigError(f"--name given {len(names)} times for {len(args.files)} file(s)")
+    hosts = []
+    for position, path in enumerate(args.files):
+        where = "stdin" if path == "-" else path
+        try:
+            text = sys.stdin.read() if path == "-" else open(path, encoding="utf-8").read()
+        except OSError as exc:
+            raise ConfigError(f"{where}: {exc.strerror or exc}") from exc
+        try:
+            document = json.loads(text)
+        except (ValueError, RecursionError) as exc:
+            raise ConfigError(f"{where}: not JSON ({str(exc)[:80]}); give `topoctl topo --json` output") from exc
+        given = names[position] if position < len(names) and names[position] else None
+        hosts.append(host_entry(document, given, where))
+    text = render_topology_conf(hosts)
+    if args.json:
+        sys.stdout.write(json.dumps({"topology_conf": text, "hosts": [h.name for h in hosts]}, indent=2) + "\n")
+    else:
+        sys.stdout.write(text)
+    return 0

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 from topod.cpulist import CpuListRangeError, parse_cpumask
 from topod.discover.cpus import read_cpulist_file
+from topod.discover.hugepages import read_node_hugepages
 from topod.discover.notes import Notes
 from topod.host import HostRoot
 from topod.model import NumaNode
@@ -49,6 +50,7 @@ def read_numa_nodes(host: HostRoot, online_cpus: set[int], notes: Notes) -> list
                 distances=distances,
                 memory_bytes=memory,
                 listed_cpus=tuple(listed),
+                hugepages=read_node_hugepages(host, base, notes),
             )
         )
     return [replace(node, local_cpus=near_cpus_of_memory_node(node, nodes)) for node in nodes]

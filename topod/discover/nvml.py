@@ -9,6 +9,7 @@ from typing import Any
 
 from topod.discover.notes import Notes
 from topod.host import HostRoot
+from topod.discover.fabric import GpuExtras, live_extras, parse_extras
 from topod.model import NvLink, NvlinkFabric
 
 NVML_FILE = "nvml.json"
@@ -24,6 +25,8 @@ class NvmlGpu:
     memory_total_mib: int | None
     compute_capability: tuple[int, int] | None
     nvlinks: tuple[NvLink, ...]
+    extras: GpuExtras = GpuExtras()  # memory NUMA node, C2C, multi-node fabric
+    minor_number: int | None = None  # nvmlDeviceGetMinorNumber: N of /dev/nvidiaN
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +98,8 @@ def _parse_gpu(entry: Any, position: int) -> NvmlGpu:
         memory_total_mib=memory,
         compute_capability=capability,
         nvlinks=links,
+        extras=parse_extras(entry, where, entry.get("name") if isinstance(entry.get("name"), str) else None),
+        minor_number=parse_minor_number(entry, where),
     )
 
 
@@ -181,6 +186,8 @@ def _live_report(pynvml: Any) -> NvmlReport:
                 memory_total_mib=int(memory.total) // (1024 * 1024),
                 compute_capability=capability,
                 nvlinks=tuple(_live_links(pynvml, handle)),
+                extras=live_extras(pynvml, handle, _text(pynvml.nvmlDeviceGetName(handle))),
+                minor_number=live_minor_number(pynvml, handle),
             )
         )
     return NvmlReport(source="nvml-live", driver_version=_text(pynvml.nvmlSystemGetDriverVersion()), gpus=tuple(gpus))
@@ -249,3 +256,33 @@ def _islands(switches_of: dict[int, set[str]]) -> tuple[tuple[int, ...], ...]:
                 keep.append((gpus, switches))
         groups = keep + [(merged_gpus, merged_switches)]
     return tuple(sorted(tuple(sorted(gpus)) for gpus, _ in groups))
+
+
+def parse_minor_number(entry: dict, where: str) -> int | None:
+    """nvml.json's optional `minor_number` (nvmlDeviceGetMinorNumber); ValueError if malformed."""
+    value = entry.get("minor_number")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 20:
+        raise ValueError(f"{where}.minor_number: expected a non-negative integer")
+    return value
+
+
+def live_minor_number(pynvml: Any, handle: Any) -> int | None:
+    """nvmlDeviceGetMinorNumber, None where the call or the binding is missing (guarded:
+    old bindings, MIG and vGPU guests may lack it)."""
+    getter = getattr(pynvml, "nvmlDeviceGetMinorNumber", None)
+    if getter is None:
+        return None
+    try:
+        value = getter(handle)
+    except Exception:  # NVMLError_NotSupported and friends vary by binding version
+        return None
+    return value if isinstance(value, int) and value >= 0 else None
+
+
+def nvml_minors(report: NvmlReport | None) -> dict[str, int]:
+    """PCI address -> minor number, for the GPUs NVML gave one."""
+    if report is None:
+        return {}
+    return {gpu.pci_bus_id: gpu.minor_number for gpu in report.gpus if gpu.minor_number is not None}

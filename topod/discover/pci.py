@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass, field
 
 from topod.cpulist import CpuListRangeError, parse_cpulist, parse_cpumask
+from topod.discover.devnames import nested_child_names
 from topod.discover.notes import Notes
 from topod.host import HostDir, HostRoot
 from topod.model import NumaNode, PciDevice, PciLink
@@ -40,6 +41,8 @@ def classify(vendor: int | None, class_code: int | None, has_infiniband: bool) -
         return "nic"
     if class_code == 0x010802:
         return "nvme"
+    if base == 0x01:  # other mass-storage controllers: virtio-blk, AHCI, SAS, RAID
+        return "storage"
     if base == 0x06:
         return "bridge"
     return "other"
@@ -170,6 +173,7 @@ def _child_names(attrs: _Attrs) -> tuple[list[str], bool]:
         children = attrs.listdir(sub)
         names.extend(children)
         has_ib = has_ib or (sub == "infiniband" and bool(children))
+    names.extend(nested_child_names(attrs.host, attrs.base, attrs.entries))  # block/, virtioN/{net,block}/
     return names, has_ib
 
 
@@ -225,8 +229,9 @@ def read_functions(host: HostRoot, notes: Notes) -> list[RawFunction]:
     for address, real in _function_paths(host, notes):
         root_complex, chain = _split_device_path(real)
         if root_complex is None or not chain or chain[-1] != address:
-            notes.add("unexpected_path", real, "PCI function outside a pciDDDD:BB host bridge; skipped")
-            continue
+            notes.add("unexpected_path", real, "PCI function outside a pciDDDD:BB host bridge: reported with "
+                      "no parent and an unknown root complex, locality from its own numa_node/local_cpus")
+            root_complex, chain = "", [address]
         base = real.lstrip("/")
         attrs = _Attrs.of(host, base, notes)
         try:

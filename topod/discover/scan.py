@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from topod.discover.cpus import read_cpu_facts, read_cpus
+from topod.discover.gpumemory import link_gpu_memory
+from topod.discover.gpuminor import with_minors
+from topod.discover.identity import read_hostname
+from topod.discover.memory import apply_memory_facts
 from topod.discover.notes import Notes
 from topod.discover.numa import nodes_from_cpus_without_sysfs, read_numa_nodes
-from topod.discover.nvml import NvmlReport, build_fabric, read_nvml
+from topod.discover.nvml import NvmlReport, build_fabric, nvml_minors, read_nvml
 from topod.discover.pci import build_pci_devices, read_functions
 from topod.errors import NotAHostTreeError
 from topod.host import HostRoot, ReadProblem
@@ -26,7 +30,7 @@ def _discover(host: HostRoot, notes: Notes, problems: list[ReadProblem], live_nv
     if not facts.present and not facts.online:
         why = f" ({problems[0].path}: {problems[0].reason})" if problems else ""
         raise NotAHostTreeError(f"--root {host.root}: no CPUs under sys/devices/system/cpu{why}; not a host tree")
-    nodes = read_numa_nodes(host, facts.online, notes)
+    nodes = apply_memory_facts(host, read_numa_nodes(host, facts.online, notes), notes)
     if not nodes:
         nodes = nodes_from_cpus_without_sysfs(facts.online, notes)
     node_of_cpu = _node_of_cpu(nodes)
@@ -36,7 +40,8 @@ def _discover(host: HostRoot, notes: Notes, problems: list[ReadProblem], live_nv
     devices = build_pci_devices(read_functions(host, notes), nodes, facts.online, notes)
     has_nvidia = any(d.vendor == 0x10DE for d in devices)
     report = read_nvml(host, notes, allow_live=live_nvml, expect_gpus=has_nvidia)
-    gpus = build_gpus(devices, report, notes)
+    gpus, nodes = link_gpu_memory(build_gpus(devices, report, notes), report, nodes, notes)
+    gpus = with_minors(host, gpus, nvml_minors(report), notes)
     fabric = build_fabric(report, {gpu.address: gpu.index for gpu in gpus})
     notes.add_read_problems(problems)
     return Topology(
@@ -48,6 +53,7 @@ def _discover(host: HostRoot, notes: Notes, problems: list[ReadProblem], live_nv
         nvlink=fabric,
         warnings=tuple(notes.items),
         driver_version=report.driver_version if report else None,
+        hostname=read_hostname(host),
     )
 
 

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from topod.discover.devnames import is_virtio_dir
 from topod.discover.pci import CHILD_NAME_DIRS, PCI_ADDRESS
 from topod.errors import ConfigError
 from topod.host import HostRoot
@@ -27,7 +28,7 @@ from topod.model import HostWarning, PciDevice, Topology
 WATCH_SUBSYSTEMS = ("pci", "infiniband", "net", "nvme")
 # Children discovery records in PciDevice.names live in <function>/<dir>/<name>; the
 # kernel names each dir after its class, so these are also the udev subsystems to list.
-CHILD_SUBSYSTEMS = CHILD_NAME_DIRS
+CHILD_SUBSYSTEMS = (*CHILD_NAME_DIRS, "block")  # block: virtio-blk and direct block/ children
 RELEVANT_ACTIONS = frozenset({"add", "remove", "change", "move", "bind", "unbind"})
 NOT_LIVE = "udev: not used for non-live root"
 MISMATCH = "udev_mismatch"
@@ -108,6 +109,9 @@ def direct_pci_parent(sys_path: str, subsystem: str) -> str | None:
     parts = [p for p in sys_path.split("/") if p]
     if len(parts) >= 3 and parts[-2] == subsystem and PCI_ADDRESS.match(parts[-3]):
         return parts[-3].lower()
+    # virtio: <function>/virtioN/<subsystem>/<name> (discovery names these too)
+    if len(parts) >= 4 and parts[-2] == subsystem and is_virtio_dir(parts[-3]) and PCI_ADDRESS.match(parts[-4]):
+        return parts[-4].lower()
     return None
 
 

@@ -74,8 +74,10 @@ def diagnose(
     if rates is None:
         notes.append("IRQ rates not sampled (one snapshot): IRQ findings judge by affinity only")
     minors = read_gpu_minor_map(host)
-    if not minors and topology.gpus:
-        notes.append("no /proc/driver/nvidia/gpus: /dev/nvidiaN taken to be GPU index N")
+    guessed = [gpu.index for gpu in topology.gpus if gpu.minor is None]
+    if not minors and guessed:
+        notes.append(f"gpu_minor_unknown: no /proc/driver/nvidia/gpus and no NVML minor for GPU(s) "
+                     f"{','.join(map(str, guessed))}: /dev/nvidiaN taken to be GPU index N")
     inputs = DoctorInputs(
         leases=lease_values,
         leases_known=leases is not None,

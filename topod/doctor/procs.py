@@ -260,14 +260,9 @@ def read_gpu_minor_map(host: HostRoot) -> dict[int, str]:
 
     The minor of /dev/nvidiaN need not equal NVML's index; the driver's own file says
     which it is. Empty when the driver is absent (captured trees, no GPU)."""
-    minors: dict[int, str] = {}
-    for address in host.listdir("proc/driver/nvidia/gpus"):
-        text = host.read(f"proc/driver/nvidia/gpus/{address}/information") or ""
-        for line in text.splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "Device Minor" and value.strip().isdigit():
-                minors[int(value.strip())] = address.lower()
-    return minors
+    from topod.discover.gpuminor import read_driver_minors
+
+    return {minor: address for address, minor in read_driver_minors(host).items()}
 
 
 def read_irq_affinity(host: HostRoot, irqs: list[int]) -> dict[int, tuple[tuple[int, ...], str]]:

@@ -19,6 +19,7 @@ The snapshot's keys:
       "cpu_interrupt_rates": {0: 1200.0, 1: 3.5},            # per second, last cycle
       "link_bandwidth": [{"src": "GPU0", "dst": "GPU1", "bytes_per_second": 2.1e10}],
       "probe": {"duration_seconds": 0.8, "last_timestamp_seconds": 1.7e9},
+      "nvlink_domain": {"cluster_uuid": "5a1b...", "clique_ids": [32766]},  # topology JSON's; info
     }
 
 decision_latency buckets are per-bucket counts (not cumulative), keyed by upper bound;
@@ -120,6 +121,18 @@ def _build(value: Mapping[str, object]) -> Iterator[object]:
     from prometheus_client.core import InfoMetricFamily
 
     yield InfoMetricFamily(PREFIX + "build", "topod build information", value={k: str(v) for k, v in value.items()})
+
+
+def _nvlink_domain(value: Mapping[str, Any]) -> Iterator[object]:
+    """topod_nvlink_domain_info{cluster_uuid,clique_id} 1 per clique: the snapshot key
+    `nvlink_domain` takes the topology JSON's `nvlink_domain` object."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    family = GaugeMetricFamily(PREFIX + "nvlink_domain_info", "multi-node NVLink domain (cluster UUID and clique) "
+                               "of this host's GPUs", labels=["cluster_uuid", "clique_id"])
+    for clique in value.get("clique_ids", []):
+        family.add_metric([str(value.get("cluster_uuid")), str(clique)], 1.0)
+    yield family
 
 
 def _gpus(value: Mapping[str, object]) -> Iterator[object]:
@@ -278,5 +291,6 @@ _SECTIONS = {
     "cpu_interrupt_rates": _cpu_rates,
     "link_bandwidth": _bandwidth,
     "probe": _probe,
+    "nvlink_domain": _nvlink_domain,
 }
 _REQUEST_FORMS = ("requests", "requests_by_result_reason", "requests_by_result")

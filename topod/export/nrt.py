@@ -1,12 +1,14 @@
 """Kubernetes NodeResourceTopology (topology.node.k8s.io/v1alpha2) from the host model.
 
 One zone per NUMA node (type "Node", name "node-<id>"), `costs` from the SLIT row,
-`resources` for cpu, memory and GPUs, and `attributes` for what NRT has no field for:
+`resources` for cpu, memory, huge pages (hugepages-2Mi, hugepages-1Gi: bytes, as the kubelet
+counts them) and GPUs, and `attributes` for what NRT has no field for:
 NVLink/NVSwitch islands, PCIe switch groups, each GPU's level to every other GPU, and
 the cluster labels (rack, leaf). The scheduler-plugins NodeResourceTopologyMatch plugin
 reads the zones and the top-level `topologyManagerPolicy`/`topologyManagerScope`
-attributes; those must mirror the kubelet's own settings, so they are inputs, and the
-defaults are the kubelet's defaults (policy none, scope container).
+attributes; those must mirror the kubelet's own settings, so they are inputs (the CLI reads
+them from the kubelet's config file, topod.export.kubelet), and the defaults are the
+kubelet's defaults (policy none, scope container).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from topod.cpulist import format_cpulist
+from topod.discover.fabric import nvlink_domain_attributes
 from topod.distance import DistanceModel
 from topod.errors import ConfigError
 from topod.model import Gpu, NumaNode, Topology
@@ -44,6 +47,7 @@ class NrtSettings:
     topology_manager_policy: str = "none"
     topology_manager_scope: str = "container"
     gpu_resource: str = "nvidia.com/gpu"
+    topology_manager_source: str | None = None  # kubelet-config | default | option: published when set
 
     def __post_init__(self) -> None:
         if self.topology_manager_policy not in POLICIES:
@@ -94,6 +98,8 @@ def build_nrt(
     attributes = [
         _attr("topologyManagerPolicy", policy),
         _attr("topologyManagerScope", scope),
+        *([_attr(ATTR_PREFIX + "topology-manager-source", settings.topology_manager_source)]
+          if settings.topology_manager_source else []),
         *_host_attributes(topology, labels or {}),
     ]
     return {
@@ -124,9 +130,11 @@ def _zone(
     allocatable = cpus - withheld
     resources = [_resource("cpu", len(cpus), len(allocatable), len(allocatable - leased))]
     if node.memory_bytes is not None:
-        # topod leases no memory, so available is what the kubelet may hand out.
-        free = max(0, node.memory_bytes - reserved_memory.get(node.id, 0))
+        # topod leases no memory, so available is what the kubelet may hand out; as in the
+        # kubelet's allocatable, the huge page pools are not ordinary memory.
+        free = max(0, node.memory_bytes - reserved_memory.get(node.id, 0) - hugepage_bytes(node))
         resources.append(_resource("memory", node.memory_bytes, free, free))
+    resources.extend(hugepage_resources(node))
     gpus = [gpu for gpu in topology.gpus if gpu.numa_node == node.id]
     if gpus:
         free_gpus = sum(1 for gpu in gpus if gpu.index not in leased_gpus)
@@ -141,6 +149,41 @@ def _zone(
     if attributes:
         zone["attributes"] = attributes
     return zone
+
+
+_BINARY_SUFFIXES = ("Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
+
+
+def binary_quantity(value: int) -> str:
+    """Bytes as Kubernetes' canonical binary Quantity (the largest suffix that divides
+    exactly): 2097152 -> '2Mi', 1073741824 -> '1Gi', 65536 -> '64Ki', 1536 -> '1536'."""
+    suffix = ""
+    for candidate in _BINARY_SUFFIXES:
+        if value == 0 or value % 1024:
+            break
+        value //= 1024
+        suffix = candidate
+    return f"{value}{suffix}"
+
+
+def hugepage_resource_name(size_kib: int) -> str:
+    """The kubelet's name for a page size: 2048 KiB -> 'hugepages-2Mi', 1048576 -> 'hugepages-1Gi'."""
+    return f"hugepages-{binary_quantity(size_kib * 1024)}"
+
+
+def hugepage_bytes(node: NumaNode) -> int:
+    """Bytes the node's huge page pools hold (all sizes)."""
+    return sum(size * 1024 * pool.total for size, pool in node.hugepages.items())
+
+
+def hugepage_resources(node: NumaNode) -> list[dict[str, object]]:
+    """One resource per page size, in bytes as the kubelet counts them: capacity and
+    allocatable the pool, available its free pages (pages in use are not available)."""
+    resources = []
+    for size, pool in sorted(node.hugepages.items()):
+        total, free = size * 1024 * pool.total, size * 1024 * min(pool.free, pool.total)
+        resources.append(_resource(hugepage_resource_name(size), total, total, free))
+    return resources
 
 
 def _resource(name: str, capacity: int, allocatable: int, available: int) -> dict[str, object]:
@@ -172,6 +215,7 @@ def _zone_attributes(
 def _host_attributes(topology: Topology, labels: Mapping[str, str]) -> list[dict[str, str]]:
     attributes = [_attr(f"{ATTR_PREFIX}cluster.{key}", value) for key, value in sorted(labels.items())]
     fabric = topology.nvlink
+    attributes.extend(_attr(ATTR_PREFIX + name, value) for name, value in nvlink_domain_attributes(topology))
     if topology.gpus:
         attributes.append(_attr(ATTR_PREFIX + "gpu-order", ",".join(str(g.index) for g in topology.gpus)))
         attributes.append(_attr(ATTR_PREFIX + "nvlink-source", fabric.source))

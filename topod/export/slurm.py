@@ -12,6 +12,11 @@ NVLink count to every other GPU in the order of the lines. Slurm's plugin counts
 links whose far end is a GPU, so on NVSwitch hosts it writes zeros and loses the fabric;
 topod writes the NVSwitch links (the NVS# level of the distance model) instead.
 Type= follows Slurm's AutoDetect: the NVML name, lowercased, spaces to underscores.
+File= names the GPU's device minor (/proc/driver/nvidia/gpus/<bdf>/information, or NVML's
+minor number), which the driver need not give in NVML index order; with AutoDetect=off a
+wrong File= makes Slurm fence one GPU and hand out another. A GPU whose minor is unknown
+falls back to its index, and the file says so in a comment (discovery warns
+`gpu_minor_unknown`).
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ class GresLine:
     cores: tuple[int, ...]  # Slurm logical core indices; () when the GPU's NUMA node is unknown
     links: tuple[int, ...]
     node_name: str | None = None
+    index: int | None = None  # the GPU's NVML index
+    minor_known: bool = True  # False: File= fell back to the index
 
     def render(self) -> str:
         fields = [f"NodeName={self.node_name}"] if self.node_name else []
@@ -81,11 +88,13 @@ def gres_lines(
         links = tuple(-1 if other.index == gpu.index else _links(model, gpu, other) for other in gpus)
         lines.append(
             GresLine(
-                file=f"{device_dir.rstrip('/')}/nvidia{gpu.index}",
+                file=f"{device_dir.rstrip('/')}/nvidia{gpu.device_number}",
                 type=gpu_type(gpu.name),
                 cores=_near_cores(topology, gpu, core_of),
                 links=links,
                 node_name=node_name,
+                index=gpu.index,
+                minor_known=gpu.minor is not None,
             )
         )
     return tuple(lines)
@@ -123,6 +132,10 @@ def render_gres_conf(
         return "\n".join(out) + "\n"
     if any(line.type is None for line in lines):
         out.append("# some GPU names are unknown (no NVML): those lines have no Type=")
+    guessed = [line.index for line in lines if not line.minor_known]
+    if guessed:
+        out.append(f"# WARNING gpu_minor_unknown: device minors of GPU(s) {','.join(map(str, guessed))} unknown "
+                   "(no /proc/driver/nvidia/gpus, no NVML): File= uses the NVML index; check `ls -l /dev/nvidia*`")
     if any(not line.cores for line in lines):
         out.append("# some GPUs have no known NUMA node: those lines have no Cores=")
     if autodetect_off:

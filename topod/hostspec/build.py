@@ -16,6 +16,7 @@ from pathlib import Path
 from topod.cpulist import format_cpulist
 from topod.errors import ConfigError
 from topod.hostspec.cpus import CpuLayout, layout_from_spec, write_cpu_tree
+from topod.hostspec.memnodes import gpu_memory_nodes, write_memory_nodes
 from topod.hostspec.pci import Function, PciBuilder, irq_names
 
 SPEC_PACKAGE = "topod.hostspec"
@@ -64,21 +65,73 @@ def build_host(spec: dict, root: str | os.PathLike[str]) -> Path:
     write = _Writer(out)
     layout = layout_from_spec(spec)
     write_cpu_tree(write, layout)
+    write_memory_nodes(write, spec, layout)
+    if spec.get("hostname"):
+        write("proc/sys/kernel/hostname", f"{spec['hostname']}\n")
     node_cpus = {n: [c for c in layout.node_cpus(n) if c not in layout.offline] for n in range(layout.node_count)}
     pci = PciBuilder(node_cpus=node_cpus, default_gen=int(spec.get("pcie_gen", 4)))
     for index, rc in enumerate(spec.get("root_complex", [])):
         pci.add_root_complex(index, rc)
+    for detached in spec.get("detached_function", []):
+        pci.add_detached(detached)
     _assign_irqs(pci.functions, pci)
     for function in pci.functions:
         _write_function(write, function, layout)
     _write_proc(write, layout, pci.functions, spec)
     gpus = [f for f in pci.functions if f.kind == "gpu"]
-    for index, _ in enumerate(gpus):
-        write(f"dev/nvidia{index}", "")
+    minors = gpu_minors(spec, len(gpus))
+    write_gpu_driver_files(write, spec, gpus, minors)
+    write_hugepages(write, spec, len(layout.distances))
     if spec.get("nvml", {}).get("present", bool(gpus)) and gpus:
-        write("nvml.json", json.dumps(_nvml_document(spec, gpus, pci.functions), indent=2) + "\n")
+        document = _nvml_document(spec, gpus, pci.functions)
+        if spec.get("driver", {}).get("nvml_minor_number", True):
+            for entry, minor in zip(document["gpus"], minors):
+                entry["minor_number"] = minor
+        write("nvml.json", json.dumps(document, indent=2) + "\n")
     write("topod-fixture.json", json.dumps(_fixture_facts(spec, pci.functions), indent=2) + "\n")
     return out
+
+
+def gpu_minors(spec: dict, count: int) -> list[int]:
+    """[driver] minors: "reversed", a list (one per GPU in NVML order), or identity (default)."""
+    given = spec.get("driver", {}).get("minors", "identity")
+    if given == "reversed":
+        return list(reversed(range(count)))
+    if isinstance(given, list):
+        if len(given) != count or len(set(given)) != count:
+            raise ConfigError(f"[driver] minors: {count} distinct numbers expected, got {given}")
+        return [int(m) for m in given]
+    return list(range(count))
+
+
+def write_gpu_driver_files(write: _Writer, spec: dict, gpus: list[Function], minors: list[int]) -> None:
+    """/dev/nvidiaN by device minor, and the driver's /proc/driver/nvidia/gpus/<bdf>/information
+    (NVIDIA GPUs only; [driver] information = false leaves them out, as on a captured tree)."""
+    model = spec.get("nvml", {}).get("model", "NVIDIA H800")
+    for index, (gpu, minor) in enumerate(zip(gpus, minors)):
+        write(f"dev/nvidia{minor}", "")
+        if gpu.vendor != 0x10DE or not spec.get("driver", {}).get("information", True):
+            continue
+        irq = gpu.irqs[0] if gpu.irqs else 0
+        write(f"proc/driver/nvidia/gpus/{gpu.address}/information", (
+            f"Model: \t\t {gpu.name or model}\nIRQ:   \t\t {irq}\nGPU UUID: \t {_uuid(str(spec.get('name')), index)}\n"
+            "Video BIOS: \t 96.00.74.00.01\nBus Type: \t PCIe\nDMA Size: \t 52 bits\nDMA Mask: \t 0xfffffffffffff\n"
+            f"Bus Location: \t {gpu.address}\nDevice Minor: \t {minor}\nGPU Excluded:\t No\n"))
+
+
+def write_hugepages(write: _Writer, spec: dict, nodes: int) -> None:
+    """nodeN/hugepages/hugepages-<kB>kB/{nr,free}_hugepages. [hugepages] maps a size in kB to
+    one entry per node, each a page count (all free) or [total, free]; sizes not given
+    (of 2048 and 1048576, what x86 offers) get empty pools."""
+    table = {"2048": [0] * nodes, "1048576": [0] * nodes, **spec.get("hugepages", {})}
+    for size, per_node in table.items():
+        for node in range(nodes):
+            entry = per_node[node] if node < len(per_node) else 0
+            total, free = (entry, entry) if isinstance(entry, int) else (int(entry[0]), int(entry[1]))
+            base = f"sys/devices/system/node/node{node}/hugepages/hugepages-{int(size)}kB"
+            write(f"{base}/nr_hugepages", f"{total}\n")
+            write(f"{base}/free_hugepages", f"{free}\n")
+            write(f"{base}/surplus_hugepages", "0\n")
 
 
 def _assign_irqs(functions: list[Function], pci: PciBuilder) -> None:
@@ -102,13 +155,15 @@ def _write_function(write: _Writer, f: Function, layout: CpuLayout) -> None:
     write(f"{base}/max_link_width", f"{f.max_width}\n")
     for irq in f.irqs:
         write(f"{base}/msi_irqs/{irq}", "msix\n")
-    for cls, name in f.names.items():
+    for cls, name in f.names.items():  # cls may be nested: virtio0/net
         write(f"{base}/{cls}/{name}/uevent", f"DEVNAME={name}\n")
-        write.link(f"sys/class/{cls}/{name}", os.path.relpath(f"{base}/{cls}/{name}", f"sys/class/{cls}"))
+        top = cls.rsplit("/", 1)[-1]
+        write.link(f"sys/class/{top}/{name}", os.path.relpath(f"{base}/{cls}/{name}", f"sys/class/{top}"))
     if f.driver:
         write(f"sys/bus/pci/drivers/{f.driver}/.keep", "")
         write.link(f"{base}/driver", os.path.relpath(f"sys/bus/pci/drivers/{f.driver}", base))
-    write.link(f"sys/bus/pci/devices/{f.address}", os.path.relpath(base, "sys/bus/pci/devices"))
+    if base != f"sys/bus/pci/devices/{f.address}":  # a detached function is a plain directory there
+        write.link(f"sys/bus/pci/devices/{f.address}", os.path.relpath(base, "sys/bus/pci/devices"))
 
 
 def _cpumask(cpus: list[int], count: int) -> str:
@@ -158,9 +213,16 @@ def _nvml_document(spec: dict, gpus: list[Function], functions: list[Function]) 
     per_gpu_links = int(nvml.get("links_per_gpu", 18))
     pairs = {(int(a), int(b)): int(n) for a, b, n in nvml.get("pairs", [])}
     documents = []
+    memory_nodes = gpu_memory_nodes(spec)
+    domain = nvml.get("nvlink_domain")
+    external = [f"00000000:F{k // 16:01X}:{k % 16:02X}.0" for k in range(int(nvml.get("external_switches", 0)))]
     for index, gpu in enumerate(gpus):
         links = []
-        if fabric == "nvswitch" and switches:
+        if fabric == "nvswitch" and external and not switches:  # NVL72: switch trays outside the host
+            for link in range(per_gpu_links):
+                links.append({"link": link, "active": True, "remote_pci_bus_id": external[link % len(external)],
+                              "remote_device_type": "switch"})
+        elif fabric == "nvswitch" and switches:
             for link in range(per_gpu_links):
                 remote = switches[link % len(switches)]
                 links.append({"link": link, "active": True, "remote_pci_bus_id": _nvml_bus_id(remote.address),
@@ -180,8 +242,22 @@ def _nvml_document(spec: dict, gpus: list[Function], functions: list[Function]) 
             "memory_total_mib": int(nvml.get("memory_mib", 81559)),
             "compute_capability": list(nvml.get("compute_capability", [9, 0])),
             "nvlinks": links,
+            **_modern_fields(nvml, memory_nodes.get(index), domain),
         })
     return {"driver_version": nvml.get("driver_version", "535.129.03"), "gpus": documents}
+
+
+def _modern_fields(nvml: dict, memory_node: int | None, domain: dict | None) -> dict:
+    """memory_numa_node, c2c and fabric, only when the spec has them (older trees lack them)."""
+    fields: dict[str, object] = {}
+    if memory_node is not None:
+        fields["memory_numa_node"] = memory_node
+    if "c2c_gbps" in nvml:
+        fields["c2c"] = {"bandwidth_gbps": float(nvml["c2c_gbps"])}
+    if domain:
+        fields["fabric"] = {"cluster_uuid": domain["cluster_uuid"], "clique_id": int(domain["clique_id"]),
+                            "state": domain.get("state", "completed"), "health": domain.get("health", "ok")}
+    return fields
 
 
 def _uuid(host: str, index: int) -> str:

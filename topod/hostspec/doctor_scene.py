@@ -128,7 +128,7 @@ def _rank(topology: Topology, pid: int, gpu: int, cpu_node: int, memory: dict[in
     rank = gpu if rank is None else rank
     threads = tuple(cpus[i % len(cpus)] for i in range(6))
     return ProcSpec(pid, "python3", ("python3", "train.py", "--local-rank", str(rank)), tuple(cpus), threads,
-                    memory, (gpu,), {"CUDA_VISIBLE_DEVICES": str(gpu), "LOCAL_RANK": str(rank),
+                    memory, (topology.gpu(gpu).device_number,), {"CUDA_VISIBLE_DEVICES": str(gpu), "LOCAL_RANK": str(rank),
                                      "NCCL_IB_HCA": f"mlx5_{gpu}"},
                     mems_allowed=tuple(n.id for n in topology.numa_nodes))
 

@@ -13,6 +13,9 @@ KIND_DEFAULTS: dict[str, tuple[int, int, int, str | None, int]] = {
     "nvme": (0x144D, 0xA80A, 0x010802, "nvme", 8),
     "other": (0x1A03, 0x2000, 0x030000, "ast", 0),
     "amd-gpu": (0x1002, 0x740C, 0x038000, "amdgpu", 1),
+    "virtio-net": (0x1AF4, 0x1041, 0x020000, "virtio-pci", 0),
+    "virtio-blk": (0x1AF4, 0x1042, 0x010000, "virtio-pci", 0),
+    "ahci": (0x8086, 0x2922, 0x010601, "ahci", 0),
 }
 BRIDGE = (0x8086, 0x352A, 0x060400, "pcieport")
 SWITCH_PORT = (0x1000, 0xC030, 0x060400, "pcieport")  # a Broadcom PEX Gen5 switch
@@ -49,6 +52,15 @@ class PciBuilder:
     functions: list[Function] = field(default_factory=list)
     counters: dict[str, int] = field(default_factory=dict)
     next_irq: int = 64
+    root_contexts: dict[int, _Context] = field(default_factory=dict)
+
+    def add_detached(self, spec: dict) -> None:
+        """A function outside any host bridge: a plain directory in sys/bus/pci/devices
+        (captured trees, some hypervisors' pass-through)."""
+        node = int(spec.get("node", 0))
+        ctx = _Context(self, 0, node, list(self.node_cpus.get(node, [])), self.default_gen)
+        address = str(spec["address"])
+        ctx.endpoint_at(dict(spec), f"sys/bus/pci/devices/{address}", address)
 
     def counter(self, kind: str) -> int:
         value = self.counters.get(kind, 0)
@@ -81,6 +93,7 @@ class PciBuilder:
             sub_bus = next_bus[0]
             next_bus[0] += 1
             ctx.endpoint(device, path, sub_bus)
+        self.root_contexts[index] = ctx
         for device in spec.get("root_bus_devices", []):
             address = f"{domain:04x}:{bus:02x}:{port[0]:02x}.0"
             port[0] += 1
@@ -166,6 +179,10 @@ class _Context:
             function.names = {"nvme": f"nvme{number}"}
         elif function.kind == "gpu":
             function.names = {"drm": f"card{number + 1}"}
+        elif function.kind in ("virtio-net", "virtio-blk"):
+            virtio = self.builder.counter("virtio")  # virtio devices share one numbering
+            function.names = ({f"virtio{virtio}/net": f"eth{number}"} if function.kind == "virtio-net"
+                              else {f"virtio{virtio}/block": f"vd{chr(ord('a') + number)}"})
 
 
 def irq_names(function: Function) -> list[str]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import pickle
+import signal
 import struct
 import sys
 from dataclasses import dataclass, field
@@ -90,7 +91,11 @@ def _read_frame(stream: BinaryIO) -> Any:
     header = stream.read(FRAME.size)
     if len(header) < FRAME.size:
         return None  # the daemon closed our stdin: stop
-    return pickle.loads(stream.read(FRAME.unpack(header)[0]))
+    size = FRAME.unpack(header)[0]
+    data = stream.read(size)
+    if len(data) < size:
+        return None
+    return pickle.loads(data)
 
 
 def _write_frame(stream: BinaryIO, value: Any) -> None:
@@ -100,18 +105,25 @@ def _write_frame(stream: BinaryIO, value: Any) -> None:
 
 
 def child_main() -> int:
+    # The daemon decides when this process ends (it closes our stdin): a terminal's ^C or
+    # systemd's SIGTERM to the whole cgroup must not kill a cycle halfway through.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing but frames on the pipe
-    start = _read_frame(stdin)
-    if start is None:
-        return 0
-    child = _Child(*start)
-    while (request := _read_frame(stdin)) is not None:
-        try:
-            reply = ("ok", child.handle(request))
-        except Exception as exc:  # noqa: BLE001 - reported to the daemon, which supervises
-            reply = ("error", f"{type(exc).__name__}: {exc}")
-        _write_frame(stdout, reply)
+    try:
+        start = _read_frame(stdin)
+        if start is None:
+            return 0
+        child = _Child(*start)
+        while (request := _read_frame(stdin)) is not None:
+            try:
+                reply = ("ok", child.handle(request))
+            except Exception as exc:  # noqa: BLE001 - reported to the daemon, which supervises
+                reply = ("error", f"{type(exc).__name__}: {exc}")
+            _write_frame(stdout, reply)
+    except (BrokenPipeError, ConnectionError, EOFError, pickle.UnpicklingError):
+        return 0  # the daemon is gone (kill -9 included): nothing left to answer
     return 0
 
 

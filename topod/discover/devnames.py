@@ -1,0 +1,31 @@
+"""Names of a PCI function's block and virtio children, which sit one level deeper than
+net/infiniband/nvme/drm: virtio-net's interface is `<function>/virtioN/net/eth0`,
+virtio-blk's disk `<function>/virtioN/block/vda` (as lstopo shows them), and a block
+controller may have `<function>/block/NAME` directly."""
+
+from __future__ import annotations
+
+import re
+
+from topod.host import HostRoot
+
+_VIRTIO = re.compile(r"^virtio\d+$")
+VIRTIO_CHILD_DIRS = ("net", "block")
+
+
+def is_virtio_dir(name: str) -> bool:
+    return bool(_VIRTIO.match(name))
+
+
+def nested_child_names(host: HostRoot, base: str, entries: frozenset[str] | None) -> list[str]:
+    """Names under `block/` and under each `virtioN/{net,block}/` of a function directory
+    (`entries`: its listing, None when unknown and then listed here)."""
+    listing = sorted(entries) if entries is not None else host.listdir(base)
+    names: list[str] = []
+    if "block" in listing:
+        names.extend(host.listdir(f"{base}/block"))
+    for entry in listing:
+        if is_virtio_dir(entry):
+            for sub in VIRTIO_CHILD_DIRS:
+                names.extend(host.listdir(f"{base}/{entry}/{sub}"))
+    return names
