@@ -307,3 +307,19 @@ def test_the_irq_worker_goes_with_the_daemon(scenario):
     s.daemon.stop(signal.SIGKILL)  # even a kill -9: the worker reads EOF and exits
     assert _wait_until(lambda: not psutil.pid_exists(worker) or
                        psutil.Process(worker).status() == psutil.STATUS_ZOMBIE, timeout=10)
+
+
+def test_an_nvl72_tray_shows_its_nvlink_domain_in_the_api_and_metrics(daemon_factory):
+    daemon = daemon_factory("gb200-nvl72-tray0", config=None)
+    client = daemon.start()
+    domain = client.topology()["nvlink_domain"]
+    assert domain and domain["cluster_uuid"] and domain["clique_ids"]
+    raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    raw.connect(daemon.socket)
+    raw.sendall(b"GET /metrics HTTP/1.1\r\nHost: topod\r\nConnection: close\r\n\r\n")
+    text = b""
+    while chunk := raw.recv(65536):
+        text += chunk
+    raw.close()
+    line = next(l for l in text.decode().splitlines() if l.startswith("topod_nvlink_domain_info"))
+    assert domain["cluster_uuid"] in line and f'clique_id="{domain["clique_ids"][0]}"' in line

@@ -149,3 +149,16 @@ def test_auto_on_a_full_node_is_insufficient_cpus_not_a_silent_unpinned_lease(h8
     with pytest.raises(InsufficientCpusError):
         allocate(topology, distances, FreeState(busy_cpus=busy, busy_gpus=frozenset(range(4, 8))),
                  Request(gpus=1, level="good", cpus_per_gpu="auto"))
+
+
+def test_gpu_memory_nodes_binds_each_gpus_own_memory_node_when_asked(tmp_path):
+    root = build_host(load_builtin_spec("grace-hopper-2gpu"), tmp_path / "gh")
+    topology = discover(HostRoot(root), live_nvml=False)
+    distances = DistanceModel(topology)
+    gpu = topology.gpus[0]
+    assert gpu.memory_numa_node is not None and gpu.memory_numa_node != gpu.numa_node
+    plain = allocate(topology, distances, FreeState(), Request(gpus=1, must_include=(gpu.index,)))
+    assert plain.memory_nodes == (gpu.numa_node,)
+    asked = allocate(topology, distances, FreeState(),
+                     Request(gpus=1, must_include=(gpu.index,), gpu_memory_nodes=True))
+    assert asked.memory_nodes == tuple(sorted({gpu.numa_node, gpu.memory_numa_node}))

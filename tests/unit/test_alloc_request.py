@@ -16,7 +16,7 @@ def test_defaults_fill_everything_but_the_count():
 
 def test_full_request_round_trips_through_json():
     body = {"gpus": 4, "must_include": [1, "0000:18:00.0"], "level": "best", "priority": -3, "cpus_per_gpu": 6,
-            "min_memory_mib": 40000, "model": "H100", "preemptible": True, "job": "train-7"}
+            "min_memory_mib": 40000, "model": "H100", "preemptible": True, "job": "train-7", "gpu_memory_nodes": True}
     request = Request.from_json(body)
     assert request.to_json() == body
     assert Request.from_json(request.to_json()) == request

@@ -119,7 +119,7 @@ def allocate(topology: Topology, distances: DistanceModel, state: FreeState, req
         gpus=tuple(p.index for p in placements),
         placements=placements,
         cpus={p.index: p.cpus for p in placements},
-        memory_nodes=tuple(sorted({g.numa_node for g in gpus if g.numa_node is not None})),
+        memory_nodes=_memory_nodes(gpus, request.gpu_memory_nodes),
         numa_nodes=tuple(sorted({g.numa_node for g in gpus if g.numa_node is not None})),
         cost=cost,
         best_cost=ref_cost,
@@ -138,6 +138,15 @@ def result_fits(view: HostView, result: SearchResult, node_cap: dict[int, int]) 
     for p in result.members:
         counts[view.node[p]] = counts.get(view.node[p], 0) + 1
     return all(count <= node_cap.get(v, 0) for v, count in counts.items())
+
+
+def _memory_nodes(gpus, with_gpu_memory: bool) -> tuple[int, ...]:  # noqa: ANN001 - list[Gpu]
+    """The GPUs' CPU nodes; with gpu_memory_nodes also each GPU's own memory node (GPU
+    memory exposed as a CPU-less NUMA node, as on Grace Hopper/Blackwell)."""
+    nodes = {g.numa_node for g in gpus if g.numa_node is not None}
+    if with_gpu_memory:
+        nodes |= {g.memory_numa_node for g in gpus if g.memory_numa_node is not None}
+    return tuple(sorted(nodes))
 
 
 def _auto_share(view: HostView, cmap: CoreMap, state: FreeState) -> dict[int, int]:

@@ -25,7 +25,7 @@ FORBIDDEN_CHARACTERS = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 PID_MAX_LIMIT = 4_194_304
 
 FIELDS = ("gpus", "must_include", "level", "priority", "cpus_per_gpu", "min_memory_mib", "model",
-          "preemptible", "job")
+          "preemptible", "job", "gpu_memory_nodes")
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +39,7 @@ class Request:
     model: str | None = None  # case-insensitive substring of the GPU name
     preemptible: bool = False
     job: str | None = None
+    gpu_memory_nodes: bool = False  # also bind to each GPU's own memory node (Grace: GPU memory is NUMA)
 
     @classmethod
     def from_json(cls, body: Any) -> Request:
@@ -47,7 +48,7 @@ class Request:
             raise InvalidRequestError("request", f"expected a JSON object, got {_kind(body)}")
         unknown = sorted(str(key) for key in body if key not in FIELDS)
         if unknown:
-            raise InvalidRequestError(unknown[0], f"unknown field; known fields: {', '.join(FIELDS)}")
+            raise InvalidRequestError(unknown[0], f"unknown field; known fields: {', '.join(FIELDS + SERVICE_FIELDS)}")
         if "gpus" not in body:
             raise InvalidRequestError("gpus", "required: the number of GPUs (an integer >= 1)")
         gpus = _integer(body, "gpus", minimum=1, maximum=MAX_GPUS)
@@ -60,6 +61,9 @@ class Request:
         preemptible = body.get("preemptible", False)
         if not isinstance(preemptible, bool):
             raise InvalidRequestError("preemptible", f"expected true or false, got {_kind(preemptible)}")
+        gpu_memory_nodes = body.get("gpu_memory_nodes", False)
+        if not isinstance(gpu_memory_nodes, bool):
+            raise InvalidRequestError("gpu_memory_nodes", f"expected true or false, got {_kind(gpu_memory_nodes)}")
         return cls(
             gpus=gpus,
             must_include=must,
@@ -70,6 +74,7 @@ class Request:
             model=_text(body, "model", MAX_MODEL_LENGTH),
             preemptible=preemptible,
             job=_text(body, "job", MAX_JOB_LENGTH),
+            gpu_memory_nodes=gpu_memory_nodes,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -77,6 +82,7 @@ class Request:
             "gpus": self.gpus, "must_include": list(self.must_include), "level": self.level,
             "priority": self.priority, "cpus_per_gpu": self.cpus_per_gpu, "min_memory_mib": self.min_memory_mib,
             "model": self.model, "preemptible": self.preemptible, "job": self.job,
+            "gpu_memory_nodes": self.gpu_memory_nodes,
         }
 
 

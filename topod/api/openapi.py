@@ -64,6 +64,8 @@ def _lease_request(limits: RequestLimits) -> dict:
             "model": {"type": "string", "minLength": 1, "maxLength": MAX_MODEL_LENGTH, "pattern": TEXT_PATTERN,
                       "description": "case-insensitive substring of the GPU model name"},
             "preemptible": {"type": "boolean"},
+            "gpu_memory_nodes": {"type": "boolean",
+                                 "description": "also bind memory to each GPU's own memory NUMA node (Grace)"},
             "ttl_seconds": {"type": ["number", "null"], "exclusiveMinimum": 0,
                             "maximum": limits.max_ttl_seconds,
                             "description": "the lease ends this long after the grant (max: [alloc] "

@@ -201,9 +201,17 @@ class LeaseService:
             "TOPOD_GPU_NODES": ";".join(f"{p.index}:{'' if p.numa_node is None else p.numa_node}"
                                         for p in placements),
         }
+        gpu_memory = {p.index: self._gpu_memory_node(p.index, p.address) for p in placements}
+        if any(node is not None for node in gpu_memory.values()):
+            env["TOPOD_GPU_MEMORY_NODES"] = ";".join(f"{index}:{'' if node is None else node}"
+                                                     for index, node in gpu_memory.items())
         if self.extra_environment is not None:
             env.update(self.extra_environment(lease))
         return env
+
+    def _gpu_memory_node(self, index: int, address: str) -> int | None:
+        gpu = self.topology.gpu(index)
+        return gpu.memory_numa_node if gpu is not None and gpu.address == address else None
 
     async def allocate(self, body: Any, caller: Caller, connected: Callable[[], bool] = _always_connected) -> Lease:
         if not caller.may_allocate:

@@ -19,6 +19,11 @@ def metrics_snapshot(daemon) -> dict:
         "requests": [{"result": result, "reason": reason, "count": count}
                      for (result, reason), count in sorted(alloc.outcomes.items())],
     }
+    from topod.discover.fabric import nvlink_domain
+
+    domain = nvlink_domain(daemon.topology.gpus)
+    if domain is not None:
+        snapshot["nvlink_domain"] = domain
     if daemon.irq is not None:
         snapshot["irq_moves"] = daemon.irq.moves_total
         if daemon.irq.last is not None:
