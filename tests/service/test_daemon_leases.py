@@ -229,3 +229,21 @@ def test_topoctl_run_pins_the_command_passes_its_exit_code_and_releases(daemon_f
     # the fixture's CPU ids are not all real here: the kernel keeps the ones that exist
     assert set(seen["cpus"]) == set(leased) & os.sched_getaffinity(0)
     assert client.leases() == [], "the lease ends with the command"
+
+
+def test_topoctl_run_without_cpus_says_so_and_binds_no_memory(daemon_factory, tmp_path):
+    import sys
+
+    daemon = daemon_factory()
+    daemon.start()
+    out = tmp_path / "seen.json"
+    script = ("import json, os; json.dump({'cpus': sorted(os.sched_getaffinity(0)), "
+              f"'maps': open('/proc/self/numa_maps').read()}}, open({str(out)!r}, 'w'))")
+    env = dict(os.environ, TOPOD_SOCKET=daemon.socket, PYTHONPATH=os.getcwd())
+    done = subprocess.run([sys.executable, "-m", "topod.cli.topoctl", "run", "--gpus", "1", "--cpus-per-gpu", "0",
+                           "--", sys.executable, "-c", script], env=env, timeout=60, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "pins no CPUs" in done.stderr and "not bound" in done.stderr
+    seen = json.loads(out.read_text())
+    assert set(seen["cpus"]) == os.sched_getaffinity(0), "left unpinned"
+    assert " bind:" not in seen["maps"], "and no memory policy without CPU binding"

@@ -208,7 +208,9 @@ def _request_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--level", choices=("best", "good", "any"), default=None,
                    help="topology level to reach (default: the daemon's, good)")
     p.add_argument("--priority", type=int, default=None, help="higher is served first and may preempt")
-    p.add_argument("--cpus-per-gpu", type=int, default=None, help="CPUs leased beside each GPU")
+    p.add_argument("--cpus-per-gpu", type=_cpus_per_gpu, default=None,
+                   help="CPUs leased beside each GPU: a number or 'auto' (default: the daemon's [alloc] "
+                        "cpus_per_gpu, auto = each GPU's fair share of its node's whole cores)")
     p.add_argument("--must-include", default=None, metavar="GPUS", help="comma-separated GPU indices")
     p.add_argument("--min-memory-mib", type=int, default=None, help="only GPUs with at least this memory")
     p.add_argument("--model", default=None, help="GPU model substring")
@@ -323,3 +325,15 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
             _globals(sub, command.host_side)
             command.populate(sub)
     return parser
+
+
+def _cpus_per_gpu(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of CPUs or 'auto', got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be >= 0")
+    return value

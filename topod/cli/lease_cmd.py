@@ -148,18 +148,24 @@ def run_run(args) -> int:
     env.update(lease.get("environment", {}))
     cpus = parse_cpulist(env.get("TOPOD_CPUS", "")) or None
     nodes = [int(n) for n in env.get("TOPOD_MEMORY_NODES", "").split(",") if n]
+    if not cpus:
+        # Memory bound to a node while the threads roam every socket is the worst of both.
+        print(f"topoctl run: WARNING: lease {lease['id']} pins no CPUs (cpus_per_gpu 0): the command runs "
+              "unpinned and its memory is not bound either", file=sys.stderr)
+        nodes = []
 
     def pin() -> None:
         if cpus:
             try:
                 os.sched_setaffinity(0, cpus)
             except OSError as exc:  # the lease names CPUs this kernel does not have online
-                os.write(2, f"topoctl run: CPUs not pinned: {exc}\n".encode())
+                os.write(2, f"topoctl run: WARNING: CPUs not pinned ({exc}); memory not bound either\n".encode())
+                return
         if nodes:
             try:
                 bind_memory(nodes)
             except OSError as exc:
-                print(f"topoctl run: memory not bound: {exc}", file=sys.stderr)
+                os.write(2, f"topoctl run: WARNING: memory not bound: {exc}\n".encode())
 
     import subprocess
 
