@@ -323,3 +323,13 @@ def test_an_nvl72_tray_shows_its_nvlink_domain_in_the_api_and_metrics(daemon_fac
     raw.close()
     line = next(l for l in text.decode().splitlines() if l.startswith("topod_nvlink_domain_info"))
     assert domain["cluster_uuid"] in line and f'clique_id="{domain["clique_ids"][0]}"' in line
+
+
+def test_the_readmes_telemetry_example_is_taken_on_the_default_backend(scenario):
+    s = scenario()
+    answer = s.client.request("POST", "/v1/telemetry", {"link": "p2p/gpu0/gpu1", "bytes": 268435456,
+                                                        "seconds": 0.011})
+    assert answer["folded"] is True and answer["bandwidth_gbps"] > 20
+    links = s.client.request("GET", "/v1/links")
+    assert any("p2p" in str(row.get("link")) for row in links["links"])
+    s.check()

@@ -46,11 +46,20 @@ class ProbeTask:
             except (ProbeUnavailable, ConfigError, OSError) as exc:
                 self.disabled = f"probe backend {spec!r} unavailable: {exc}"
                 log.warning("probe_disabled", reason=self.disabled)
-        self.links = LinkState(self.backend.links() if self.backend else ())
+        self.links = LinkState(tuple(self.backend.links() if self.backend else ()) + self._reportable_links())
         self.sampler = Sampler(SamplerSettings(
             min_interval_s=section["min_interval_seconds"], max_interval_s=section["max_interval_seconds"],
             budget_share=section["budget_share"], probe_leased_gpus=section["probe_leased_gpus"]),
             started=time.time())
+
+    def _reportable_links(self) -> tuple:
+        """Every GPU pair's p2p link: jobs report what they measure (POST /v1/telemetry)
+        whichever backend probes, or none does."""
+        from topod.probe.backend import parse_link
+
+        addresses = self._gpu_addresses()
+        indices = sorted(addresses)
+        return tuple(parse_link(f"p2p/gpu{a}/gpu{b}", addresses) for i, a in enumerate(indices) for b in indices[i + 1:])
 
     def _gpu_addresses(self) -> dict[int, str]:
         return {gpu.index: gpu.address for gpu in self.state.topology.gpus}
@@ -98,8 +107,7 @@ class ProbeTask:
 
     def hardware_changed(self) -> None:
         self.sampler.on_topology_change(time.time())
-        if self.backend is not None:
-            self.links.register(self.backend.links())
+        self.links.register(tuple(self.backend.links() if self.backend else ()) + self._reportable_links())
 
     def close(self) -> None:
         if self.backend is not None:
