@@ -114,3 +114,21 @@ def test_irq_plan_links_devices_to_the_cores_that_take_their_interrupts(h800):
 def test_a_lease_without_an_id_is_refused(h800):
     with pytest.raises(ValueError, match="needs an 'id'"):
         build_graph(h800, [{"owner": "x", "gpus": [0]}])
+
+
+def test_storage_controllers_are_drawn(tmp_path):
+    from topod.discover import discover
+    from topod.host import HostRoot
+    from topod.hostspec import build_host, load_builtin_spec
+    from topod.render.graph import build_graph
+
+    root = build_host(load_builtin_spec("kvm-virtio"), tmp_path / "kvm")
+    topology = discover(HostRoot(root), live_nvml=False)
+    storage = [d.address for d in topology.pci_devices if d.kind == "storage"]
+    assert storage
+    from topod.render.graph import device_id
+
+    graph = build_graph(topology)
+    drawn = {node.id: node.kind for node in graph.nodes}
+    assert all(drawn.get(device_id(address)) == "storage" for address in storage), \
+        "virtio-blk and AHCI controllers appear in the picture"

@@ -21,6 +21,7 @@ STYLE = {  # kind -> (shape, fill)
     "rdma": ("box", "#ffe0b2"),
     "nic": ("box", "#fff9c4"),
     "nvme": ("box", "#e1bee7"),
+    "storage": ("box", "#e1bee7"),
     "other": ("box", "#f5f5f5"),
     "fabric": ("box", "#66bb6a"),
 }

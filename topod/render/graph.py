@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from topod.cpulist import format_cpulist
 from topod.model import Cpu, PciDevice, Topology
 
-ENDPOINT_KINDS = ("gpu", "nvswitch", "rdma", "nic", "nvme", "other")
+ENDPOINT_KINDS = ("gpu", "nvswitch", "rdma", "nic", "nvme", "storage", "other")
 # Owner colours: distinct at a glance, none of them the green of an unleased GPU.
 OWNER_COLOURS = ("#ef9a9a", "#90caf9", "#ce93d8", "#ffcc80", "#80deea", "#f48fb1", "#bcaaa4", "#fff59d")
 UNKNOWN_NODE = "unknown"
@@ -238,7 +238,7 @@ def _short_name(name: str | None) -> str:
 
 def _kind_title(device: PciDevice) -> str:
     names = " / ".join(device.names) if device.names else ""
-    title = {"rdma": "RDMA NIC", "nic": "NIC", "nvme": "NVMe", "nvswitch": "NVSwitch", "other": "PCI device"}
+    title = {"rdma": "RDMA NIC", "nic": "NIC", "nvme": "NVMe", "storage": "Storage", "nvswitch": "NVSwitch", "other": "PCI device"}
     head = title.get(device.kind, device.kind)
     return f"{head} {names}".strip()
 
