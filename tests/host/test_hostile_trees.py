@@ -254,3 +254,51 @@ def test_snapshot_skips_special_and_oversized_files_without_blocking(tmp_path):
         names = set(archive.getnames())
     assert "snap/sys/devices/system/cpu/present" in names
     assert not {"snap/sys/devices/system/cpu/online", "snap/sys/devices/system/node/node0/meminfo"} & names
+
+
+def _daemon_on(root: Path) -> tuple[int | None, str, dict | None]:
+    """Start topod as a user would (defaults plus --root/--socket/--state-dir) on the tree:
+    (exit status or None while running, its output, /v1/health or None)."""
+    from topod.client import ApiError, Client
+
+    work = root.parent
+    socket_path = str(work / "topod.sock")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env.pop("NOTIFY_SOCKET", None)
+    log = work / "daemon.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen([sys.executable, "-m", "topod.service.main", "--root", str(root),
+                                    "--socket", socket_path, "--state-dir", str(work / "state")],
+                                   stdout=out, stderr=out, stdin=subprocess.DEVNULL, env=env)
+    health = None
+    try:
+        deadline = time.monotonic() + TOPOCTL_SECONDS
+        while time.monotonic() < deadline and process.poll() is None:
+            try:
+                health = Client(socket_path, timeout=10).health()
+                break
+            except (ApiError, OSError):
+                time.sleep(0.05)
+        if health is not None:
+            time.sleep(0.5)  # the loops' first iterations: a crash would show now
+            health = Client(socket_path, timeout=10).health()
+    finally:
+        status = process.poll()
+        if status is None:
+            process.terminate()
+            process.wait(timeout=20)
+    return status, log.read_text(errors="replace"), health
+
+
+@settings(max_examples=12, derandomize=True, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(mutations)
+def test_the_daemon_on_a_mutated_tree_serves_or_exits_with_one_line(steps):
+    with _mutated(steps) as root:
+        status, output, health = _daemon_on(root)
+    assert "Traceback" not in output, output[-3000:]
+    if status is None:
+        assert health is not None and 0 <= health["gpus_free"] <= health["gpus"], output[-2000:]
+    else:
+        assert status == 1, output[-2000:]
+        assert output.strip().splitlines()[-1].startswith("topod: "), output[-2000:]
