@@ -8,8 +8,8 @@ import os
 import shutil
 import socket
 import subprocess
-
 import time
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -237,3 +237,20 @@ def test_metrics_pass_promtool_and_carry_irq_rates(daemon_factory):
         checked = subprocess.run([promtool, "check", "metrics"], input=connection_text, capture_output=True,
                                  text=True, timeout=30)
         assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl not installed")
+def test_the_readmes_curl_example_allocates(daemon_factory):
+    import re
+    import shlex
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    command = next(line for line in readme.splitlines() if line.startswith("curl --unix-socket /run/topod/topod.sock"))
+    daemon = daemon_factory()
+    daemon.start()
+    argv = [daemon.socket if word == "/run/topod/topod.sock" else word for word in shlex.split(command)]
+    out = subprocess.run(["curl", "-s", *argv[1:]], capture_output=True, text=True, timeout=20).stdout
+    lease = json.loads(out)
+    body = json.loads(re.search(r"-d '([^']+)'", command).group(1))
+    assert len(lease["gpus"]) == body["gpus"] and len(lease["cpus"]) == body["gpus"] * body["cpus_per_gpu"]
+    assert lease["decision"]["level"] in ("good", "best")
