@@ -551,6 +551,8 @@ class Daemon:
             log.warning("nccl_topology_not_written", lease=lease.id, path=str(path), reason=str(exc))
 
     def _remove_lease_files(self, lease) -> None:  # noqa: ANN001 - Lease
+        if "NCCL_TOPO_FILE" not in lease.environment:
+            return
         try:
             self._lease_nccl_path(lease.id).unlink()
         except FileNotFoundError:

@@ -367,14 +367,17 @@ class LeaseStore:
                 if not batch and self._closing:
                     return
             self._write(batch)
+            by_loop: dict[asyncio.AbstractEventLoop, list[_Op]] = {}
             for op in batch:
                 if op.written is not None:
                     op.written.set()
                 if op.loop is not None:
-                    try:
-                        op.loop.call_soon_threadsafe(_settle, op)
-                    except RuntimeError:  # the loop is gone (shutdown): nothing waits any more
-                        pass
+                    by_loop.setdefault(op.loop, []).append(op)
+            for loop, ops in by_loop.items():
+                try:  # one wake-up of the loop per commit, not one per change
+                    loop.call_soon_threadsafe(_settle_all, ops)
+                except RuntimeError:  # the loop is gone (shutdown): nothing waits any more
+                    pass
 
     def _write(self, batch: list[_Op]) -> None:
         """One transaction for the whole batch; a change that violates a constraint fails
@@ -422,6 +425,11 @@ class LeaseStore:
         if self._writer is not None:
             self._writer.join(timeout=30)
         self._db.close()
+
+
+def _settle_all(ops: list[_Op]) -> None:
+    for op in ops:
+        _settle(op)
 
 
 def _settle(op: _Op) -> None:
