@@ -20,6 +20,7 @@ from topod.irq.settings import DEFAULTS as IRQ_DEFAULTS
 from topod.irq.settings import IRQBALANCE_CHOICES
 from topod.irq.settings import MODES as IRQ_MODES
 from topod.probe.sampler import SamplerSettings
+from topod.service.lease_store import SYNCHRONOUS
 
 # Each default lives with the code that uses it; the schema takes it from there.
 _POLICY = PolicySettings()
@@ -117,7 +118,7 @@ CHOICES = {
     ("irq", "mode"): IRQ_MODES,
     ("irq", "irqbalance"): IRQBALANCE_CHOICES,
     ("udev", "source"): ("udev", "kernel"),
-    ("daemon", "sqlite_synchronous"): ("full", "normal"),
+    ("daemon", "sqlite_synchronous"): SYNCHRONOUS,
     ("log", "level"): ("debug", "info", "warning", "error"),
     ("log", "format"): ("auto", "console", "json", "journal"),
 }

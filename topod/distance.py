@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 
 from topod.model import PciDevice, Topology
 
-LEVEL_ORDER = ("X", "C2C", "NV", "NVS", "PIX", "PXB", "PHB", "NODE", "SYS")
 
 BASE_WEIGHTS = {"X": 0.0, "PIX": 10.0, "PXB": 20.0, "PHB": 30.0, "NODE": 40.0, "SYS": 50.0}
 NVLINK_SCALE = 10.0  # NV# weight = NVLINK_SCALE / (links + 1): NV1 = 5, NV4 = 2, NV18 = 0.53

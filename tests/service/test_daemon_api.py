@@ -14,24 +14,14 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from raw_http import exchange
+from raw_http import post as _post
 from topod.client import ApiError
 
 
 def _raw(sock_path: str, request: bytes) -> tuple[int, dict]:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.connect(sock_path)
-        sock.sendall(request)
-        data = b""
-        while chunk := sock.recv(65536):
-            data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    status = int(head.split()[1])
+    status, _, body, _ = exchange(sock_path, request)
     return status, json.loads(body) if body.strip().startswith(b"{") else {}
-
-
-def _post(path: str, body: bytes) -> bytes:
-    return (f"POST {path} HTTP/1.1\r\nHost: topod\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body
 
 
 BAD_REQUESTS = [

@@ -12,7 +12,8 @@ import stat
 import pytest
 
 from topod.alloc.request import Decision, Performance, Placement
-from topod.service.lease_store import Lease, LeaseConflictError, LeaseStore, LeaseStoreError
+from topod.service.lease import Lease
+from topod.service.lease_store import LeaseConflictError, LeaseStore, LeaseStoreError
 
 
 def make_lease(lease_id: str, gpus: tuple[int, ...], *, cpus_per_gpu: int = 2) -> Lease:
@@ -27,6 +28,15 @@ def make_lease(lease_id: str, gpus: tuple[int, ...], *, cpus_per_gpu: int = 2) -
                  owner_start_time=None, job="train", priority=0, preemptible=False, decision=decision,
                  gpu_uuids=tuple(f"GPU-{g}" for g in gpus), environment={"TOPOD_LEASE": lease_id},
                  created=1000.0, expires=None, ttl_seconds=None)
+
+
+def _another_writer_takes(store: LeaseStore, address: str) -> None:
+    """A GPU leased on disk behind the store's back: the next grant of it fails to commit."""
+    db = sqlite3.connect(store.path)
+    db.execute("INSERT INTO leases VALUES ('ghost', '{}')")
+    db.execute("INSERT INTO lease_devices VALUES (?, 'ghost')", (address,))
+    db.commit()
+    db.close()
 
 
 def test_concurrent_changes_share_one_commit_and_each_waits_for_it(tmp_path):
@@ -71,11 +81,7 @@ def test_a_failed_commit_is_undone_in_the_mirror_and_reported(tmp_path):
     async def scenario():
         store.add(make_lease("a", (0,)))
         # Another writer sneaks the same GPU in on disk: the grant's commit fails.
-        db = sqlite3.connect(store.path)
-        db.execute("INSERT INTO leases VALUES ('ghost', '{}')")
-        db.execute("INSERT INTO lease_devices VALUES ('0000:11:00.0', 'ghost')")
-        db.commit()
-        db.close()
+        _another_writer_takes(store, "0000:11:00.0")
         commit = store.add(make_lease("b", (1,)))
         assert store.get("b") is not None, "the mirror shows the change at once"
         with pytest.raises(LeaseConflictError):
@@ -174,11 +180,7 @@ def test_the_mirror_keeps_leased_cpus_through_adds_removes_and_undos(tmp_path):
         _, commit = store.remove("a")
         await commit
         assert store.leased_cpus() == set()
-        db = sqlite3.connect(store.path)
-        db.execute("INSERT INTO leases VALUES ('ghost', '{}')")
-        db.execute("INSERT INTO lease_devices VALUES ('0000:12:00.0', 'ghost')")
-        db.commit()
-        db.close()
+        _another_writer_takes(store, "0000:12:00.0")
         failing = store.add(make_lease("b", (2,)))
         assert store.leased_cpus() == {4, 5}
         with pytest.raises(LeaseConflictError):

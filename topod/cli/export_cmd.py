@@ -125,7 +125,7 @@ def run_slurm(args: argparse.Namespace) -> int:
 
 
 def run_nccl(args: argparse.Namespace) -> int:
-    from topod.export.nccl import build_nccl_xml, read_nccl_host_facts, render_nccl_xml, write_nccl_topology
+    from topod.export.nccl import host_nccl_xml, write_nccl_topology
 
     gpus = _cpus(args.gpus, "--gpus") if args.gpus is not None else None
     cpus = _cpus(args.cpus, "--cpus") if args.cpus is not None else None
@@ -140,10 +140,7 @@ def run_nccl(args: argparse.Namespace) -> int:
         lease = view.lease(args.lease)
         gpus, cpus = sorted(lease.get("gpus", [])), sorted(lease.get("cpus", [])) or None
     host, topology = _host_and_topology(view.root)
-    facts = read_nccl_host_facts(host, topology)
-    system = build_nccl_xml(topology, gpus=gpus, cpus=cpus, cpu_identity=facts.cpu_identity,
-                            net_names=facts.net_names, subsystem_ids=facts.subsystem_ids, gdr=facts.gdr)
-    text = render_nccl_xml(system)
+    text = host_nccl_xml(host, topology, gpus=gpus, cpus=cpus)
     if args.output and args.output != "-":
         path = write_nccl_topology(text, args.output)
         if args.json:

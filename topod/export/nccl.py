@@ -357,3 +357,13 @@ def read_nccl_host_facts(host: HostRoot, topology: Topology) -> NcclHostFacts:
     # Absent markers mean "unknown" (dma-buf may still give GDR), so NCCL decides, not us.
     gdr = True if any(host.exists(marker) for marker in _GDR_MARKERS) else None
     return NcclHostFacts(parse_cpuinfo(host.read("proc/cpuinfo")), net_names, subsystem_ids, gdr)
+
+
+def host_nccl_xml(host: HostRoot, topology: Topology, *, gpus: Iterable[int] | None = None,
+                  cpus: Iterable[int] | None = None) -> str:
+    """The NCCL topology XML of a host (or of a subset of its GPUs and CPUs), with the
+    facts only the host tree knows: what `topoctl export nccl` and the daemon write."""
+    facts = read_nccl_host_facts(host, topology)
+    system = build_nccl_xml(topology, gpus=gpus, cpus=cpus, cpu_identity=facts.cpu_identity,
+                            net_names=facts.net_names, subsystem_ids=facts.subsystem_ids, gdr=facts.gdr)
+    return render_nccl_xml(system)

@@ -99,7 +99,3 @@ class Baseline:
             affected |= self.by_order.get(order, set())
         replan = sorted(irq for address in affected for irq in self.device_irqs.get(address, ()))
         return replan, changed
-
-    def wrote(self, irq: int, written: tuple[int, ...], effective: tuple[int, ...] | None) -> None:
-        old = self.affinity.get(irq)
-        self.affinity[irq] = IrqAffinity(written, effective, old.node if old else None)

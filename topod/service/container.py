@@ -26,3 +26,12 @@ def detect_container(host: HostRoot) -> str | None:
     if host.is_dir("proc/vz") and not host.is_dir("proc/bc"):
         return "openvz"
     return None
+
+
+def irq_writes_withheld(irq_section: dict, container: str | None) -> str | None:
+    """Why continuous IRQ balancing only plans here, or None: in a container the host's
+    IRQs are not the container's to move, unless [irq] allow_in_container says so."""
+    if irq_section["mode"] != "continuous" or not container or irq_section["allow_in_container"]:
+        return None
+    return (f"running in a container ({container}): IRQ affinity is planned, not written; "
+            "set [irq] allow_in_container = true to write it")

@@ -12,7 +12,6 @@ import signal
 import socket
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import structlog
@@ -21,14 +20,15 @@ from topod import __version__
 from topod.alloc.request import parse_pid_max
 from topod.api.peer import group_id
 from topod.config import Config, cpus, load_config
-from topod.errors import ConfigError, TopodError, UnavailableError
+from topod.errors import ConfigError, UnavailableError
 from topod.events import EventBus
 from topod.host import HostRoot
-from topod.service.container import detect_container
+from topod.service.container import detect_container, irq_writes_withheld
 from topod.service.hotplug import HotplugSource, discover_checked, udev_settings
 from topod.service.lease_store import LeaseStore
 from topod.service.leases import LeaseService
 from topod.service.load import NodeLoadSampler
+from topod.service.nccl_files import NcclFiles
 from topod.service.notify import Notifier
 from topod.service.state import HostState
 from topod.service.supervise import Backoff, supervise
@@ -64,9 +64,8 @@ class Daemon:
         self.store = LeaseStore(config.get("daemon", "state_dir"), config.get("daemon", "sqlite_synchronous"))
         self.alloc = LeaseService(self.state, self.store, self.bus, config.section("alloc"), self._reserved_cpus(),
                                   pid_max=parse_pid_max(self.host.read("proc/sys/kernel/pid_max")))
-        self.alloc.extra_environment = self._lease_nccl_environment
-        self.alloc.prepare_files = self._write_lease_nccl_topology  # only for leases naming NCCL_TOPO_FILE
-        self.alloc.on_lease_end = self._remove_lease_files
+        self.nccl = NcclFiles(self.host, lambda: self.state.topology, lambda: self.config)
+        self.alloc.files = self.nccl
         self.state.add_listener(self._state_changed)
         self.bus.add_listener(self._on_event)
         self.supervisor = Supervisor()
@@ -77,7 +76,6 @@ class Daemon:
         self.api_address: str | None = None
         self._gpu_addresses = {gpu.address for gpu in self.state.topology.gpus}
         self.container = detect_container(self.host)
-        self.irq_withheld: str | None = None
         self._load = NodeLoadSampler(self.host)
         self._tasks: asyncio.TaskGroup | None = None
         self._loops: dict[str, asyncio.Task] = {}
@@ -161,8 +159,9 @@ class Daemon:
         degraded_leases = [lease.id for lease in self.alloc.leases() if lease.missing_gpus]
         if degraded_leases:
             reasons.append(f"lease(s) with missing GPUs: {', '.join(degraded_leases)}")
-        if self.irq is not None and self.irq.health().get("writable") is False:
-            reasons.append(f"IRQ affinity not writable: {self.irq.health().get('last_error')}")
+        irq = self.irq.health() if self.irq is not None else {}
+        if irq.get("writable") is False:
+            reasons.append(f"IRQ affinity not writable: {irq.get('last_error')}")
         return reasons
 
     def health(self) -> dict:
@@ -417,7 +416,7 @@ class Daemon:
             except TimeoutError:
                 return  # nothing changed; the beat says the loop is alive
             self._exports_due.clear()
-            await asyncio.to_thread(self.write_nccl_topology)
+            await asyncio.to_thread(self.nccl.write_host)
 
         await self._supervised("exports", iteration, self._deadline(EXPORTS_IDLE_SECONDS))
 
@@ -451,15 +450,16 @@ class Daemon:
         finally:
             await task.close()
 
+    @property
+    def irq_withheld(self) -> str | None:
+        """Why IRQ writes are withheld (in a container, without allow_in_container), or None."""
+        return irq_writes_withheld(self.config.section("irq"), self.container)
+
     def irq_section(self) -> dict:
-        """[irq] as the balancer gets it: in a container, continuous acts as dry-run unless
-        allow_in_container says otherwise (the host's IRQs are not the container's)."""
+        """[irq] as the balancer gets it: withheld writes make continuous act as dry-run."""
         section = self.config.section("irq")
-        self.irq_withheld = None
-        if section["mode"] == "continuous" and self.container and not section["allow_in_container"]:
+        if self.irq_withheld:
             section["mode"] = "dry-run"
-            self.irq_withheld = (f"running in a container ({self.container}): IRQ affinity is planned, not written; "
-                                 "set [irq] allow_in_container = true to write it")
         return section
 
     async def _probe_loop(self) -> None:
@@ -504,61 +504,6 @@ class Daemon:
             except Exception as exc:  # noqa: BLE001 - the watchdog itself is supervised too
                 log.error("loop_failed", loop="watchdog", error=repr(exc))
                 await asyncio.sleep(5.0)
-
-    # -- NCCL topology files ------------------------------------------------------
-    def write_nccl_topology(self) -> None:
-        """[export] write_nccl_topology: the host's NCCL topology file, with corrected
-        locality. Blocking: runs in a worker thread."""
-        topology = self.state.topology
-        if not self.config.get("export", "write_nccl_topology") or not topology.gpus:
-            return
-        from topod.export.nccl import build_nccl_xml, read_nccl_host_facts, render_nccl_xml, write_nccl_topology
-
-        path = self.config.get("export", "nccl_topology_file")
-        try:
-            facts = read_nccl_host_facts(self.host, topology)
-            xml = build_nccl_xml(topology, cpu_identity=facts.cpu_identity, net_names=facts.net_names,
-                                 subsystem_ids=facts.subsystem_ids, gdr=facts.gdr)
-            write_nccl_topology(render_nccl_xml(xml), path=path)
-        except (OSError, TopodError, ValueError) as exc:
-            log.warning("nccl_topology_not_written", path=path, reason=str(exc))
-            return
-        log.info("nccl_topology_written", path=path)
-
-    def _lease_nccl_path(self, lease_id: str) -> Path:
-        return Path(self.config.get("daemon", "state_dir")) / "nccl" / f"{lease_id}.xml"
-
-    def _lease_nccl_environment(self, lease) -> dict[str, str]:  # noqa: ANN001 - Lease
-        if not self.config.get("export", "write_nccl_topology") or not lease.gpus:
-            return {}
-        return {"NCCL_TOPO_FILE": str(self._lease_nccl_path(lease.id))}
-
-    def _write_lease_nccl_topology(self, lease) -> None:  # noqa: ANN001 - Lease
-        """A per-lease NCCL topology (its GPUs and CPUs only). Worker thread."""
-        if not self._lease_nccl_environment(lease):
-            return
-        from topod.export.nccl import build_nccl_xml, read_nccl_host_facts, render_nccl_xml, write_nccl_topology
-
-        topology = self.state.topology
-        path = self._lease_nccl_path(lease.id)
-        try:
-            facts = read_nccl_host_facts(self.host, topology)
-            xml = build_nccl_xml(topology, gpus=list(lease.gpus), cpus=list(lease.cpus) or None,
-                                 cpu_identity=facts.cpu_identity, net_names=facts.net_names,
-                                 subsystem_ids=facts.subsystem_ids, gdr=facts.gdr)
-            write_nccl_topology(render_nccl_xml(xml), path=str(path))
-        except (OSError, TopodError, ValueError) as exc:
-            log.warning("nccl_topology_not_written", lease=lease.id, path=str(path), reason=str(exc))
-
-    def _remove_lease_files(self, lease) -> None:  # noqa: ANN001 - Lease
-        if "NCCL_TOPO_FILE" not in lease.environment:
-            return
-        try:
-            self._lease_nccl_path(lease.id).unlink()
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            log.warning("lease_file_not_removed", lease=lease.id, reason=str(exc))
 
 
 class _Shutdown(Exception):

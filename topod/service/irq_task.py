@@ -34,8 +34,6 @@ class IrqTask:
         self._full.set()  # the first iteration is a full cycle
         self._replan = asyncio.Event()
         self._next_full: float | None = None
-        self.last_moves = 0
-        self.last_duration = 0.0
 
     @classmethod
     def from_section(cls, host, section: dict, **callbacks) -> IrqTask:  # noqa: ANN001 - HostRoot
@@ -82,11 +80,8 @@ class IrqTask:
     async def run(self, full: bool) -> None:
         topology, leased = self._topology(), frozenset(self._leased_cpus())
         async with self._lock:
-            started = time.perf_counter()
             outcome = await self.worker.run(full, topology, leased)
-            self.last_duration = time.perf_counter() - started
         self.last = outcome
-        self.last_moves = outcome.moves
         for event in outcome.events:
             fields = {k: v for k, v in event.items() if k != "event"}
             self._publish(str(event.get("event", "irq_event")), **fields)

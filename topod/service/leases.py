@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
@@ -26,7 +26,8 @@ from topod.api.peer import Caller
 from topod.cpulist import format_cpulist
 from topod.errors import AllocationError, TopodError
 from topod.events import EventBus
-from topod.service.lease_store import Lease, LeaseStore
+from topod.service.lease import Lease
+from topod.service.lease_store import LeaseStore
 from topod.service.owner import OwnerWatch, process_start_time
 from topod.service.state import HostState
 
@@ -62,6 +63,15 @@ class Waiter:
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
 
+class LeaseFiles(Protocol):
+    """Files that come with a lease (topod.service.nccl_files.NcclFiles)."""
+
+    def lease_environment(self, lease: Lease) -> dict[str, str]: ...
+    def lease_has_files(self, lease: Lease) -> bool: ...
+    def write_lease(self, lease: Lease) -> None: ...  # blocking: called in a worker thread
+    def remove_lease(self, lease: Lease) -> None: ...
+
+
 def _always_connected() -> bool:
     return True
 
@@ -81,14 +91,10 @@ class LeaseService:
         # Cumulative since start, as a Prometheus histogram must be (a window would let
         # bucket counters go down between scrapes).
         self.decision_latency = LatencyHistogram()
-        self.results: dict[str, int] = {}
         self.outcomes: dict[tuple[str, str], int] = {}  # (result, reason) -> requests
-        # The daemon may add per-lease files (an NCCL topology): environment() names
-        # them (NCCL_TOPO_FILE), prepare_files() writes them in a worker thread before
-        # the answer.
-        self.extra_environment: Callable[[Lease], dict[str, str]] | None = None
-        self.prepare_files: Callable[[Lease], None] | None = None
-        self.on_lease_end: Callable[[Lease], None] | None = None
+        # Files a lease comes with (the daemon's NCCL topology): named in its environment,
+        # written in a worker thread before the answer, removed when it ends.
+        self.files: LeaseFiles | None = None
         self.configure(settings, reserved_cpus)
         state.add_listener(self._state_changed)
 
@@ -205,8 +211,8 @@ class LeaseService:
         if any(node is not None for node in gpu_memory.values()):
             env["TOPOD_GPU_MEMORY_NODES"] = ";".join(f"{index}:{'' if node is None else node}"
                                                      for index, node in gpu_memory.items())
-        if self.extra_environment is not None:
-            env.update(self.extra_environment(lease))
+        if self.files is not None:
+            env.update(self.files.lease_environment(lease))
         return env
 
     def _gpu_memory_node(self, index: int, address: str) -> int | None:
@@ -238,16 +244,17 @@ class LeaseService:
         try:
             if commit is not None:
                 await asyncio.shield(commit)
-            if self.prepare_files is not None and "NCCL_TOPO_FILE" in lease.environment:
-                await asyncio.to_thread(self.prepare_files, lease)
+            if self.files is not None and self.files.lease_has_files(lease):
+                await asyncio.to_thread(self.files.write_lease, lease)
         except asyncio.CancelledError:
             self._take_back(lease)
             raise
         return self.store.get(lease.id) or lease
 
     def _take_back(self, lease: Lease) -> None:
-        if self.store.get(lease.id) is not None:
-            self._end(self.store.get(lease.id), "lease_released", reason="client disconnected before the answer")
+        current = self.store.get(lease.id)
+        if current is not None:
+            self._end(current, "lease_released", reason="client disconnected before the answer")
 
     async def _wait(self, request, service: ServiceRequest, caller: Caller, connected: Callable[[], bool]) -> Lease:
         if len(self.waiters) >= int(self.settings.get("max_queue", 256)):
@@ -376,8 +383,8 @@ class LeaseService:
         self.owner_watch.unwatch(lease.id)
 
         def ended() -> None:
-            if self.on_lease_end is not None:
-                self.on_lease_end(lease)
+            if self.files is not None:
+                self.files.remove_lease(lease)
             self.bus.publish(event, lease=lease.id, gpus=list(lease.gpus), reason=reason, uid=lease.owner_uid)
 
         self._after(commit, ended, lambda exc: log.error("lease_end_not_stored", lease=lease.id, error=str(exc)))
@@ -468,7 +475,6 @@ class LeaseService:
         return error
 
     def _count(self, result: str, reason: str = "") -> None:
-        self.results[result] = self.results.get(result, 0) + 1
         key = (result, reason)
         self.outcomes[key] = self.outcomes.get(key, 0) + 1
 

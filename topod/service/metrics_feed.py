@@ -15,7 +15,6 @@ def metrics_snapshot(daemon) -> dict:
         "leases": [{"id": lease.id, "gpus": len(lease.gpus), "satisfaction": lease.decision.satisfaction}
                    for lease in alloc.leases()],
         "decision_latency": alloc.decision_latency.to_snapshot(),
-        "requests_by_result": dict(alloc.results),
         "requests": [{"result": result, "reason": reason, "count": count}
                      for (result, reason), count in sorted(alloc.outcomes.items())],
     }

@@ -33,7 +33,6 @@ class HostState:
         self.findings: tuple = ()
         self.distances = DistanceModel(discovered, corrections={})
         self.node_load: dict[int, float] = {}
-        self.generation = 0  # bumps with every change listeners hear of
         self._listeners: list[Listener] = []
 
     def add_listener(self, listener: Listener) -> None:
@@ -92,7 +91,6 @@ class HostState:
             self.distances = DistanceModel(topology, corrections=corrections)
 
     def _notify(self, kind: str) -> None:
-        self.generation += 1
         for listener in self._listeners:
             try:
                 listener(kind)

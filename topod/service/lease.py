@@ -1,0 +1,118 @@
+"""A lease: what a caller holds (GPUs with their CPUs and memory nodes, the engine's
+typed decision, the environment a job runs with) and its JSON, which is both what the
+API shows and what the lease store keeps (schema 2; schema 1 of topod 0.1 is read too)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from topod.alloc.request import Decision, Performance, Placement
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    id: str
+    state: str  # active | preempting | degraded (a GPU of it is gone)
+    owner_uid: int
+    owner_gid: int
+    requester_pid: int | None
+    owner_pid: int | None  # the lease ends when this process exits
+    owner_start_time: float | None  # tells a recycled pid from the owner after a restart
+    job: str | None
+    priority: int
+    preemptible: bool
+    decision: Decision
+    gpu_uuids: tuple[str | None, ...]  # per placement, for CUDA_VISIBLE_DEVICES and clients
+    environment: dict[str, str]
+    created: float  # wall-clock seconds
+    expires: float | None  # wall-clock seconds; None = no ttl
+    ttl_seconds: float | None
+    preempt_deadline: float | None = None
+    missing_gpus: tuple[int, ...] = ()  # GPUs of the lease the current topology lacks
+    cpus: tuple[int, ...] = field(init=False, compare=False)  # every GPU's CPUs, sorted (derived)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "cpus", tuple(sorted(c for cpus in self.decision.cpus.values() for c in cpus)))
+
+    @property
+    def gpus(self) -> tuple[int, ...]:
+        return self.decision.gpus
+
+    @property
+    def memory_nodes(self) -> tuple[int, ...]:
+        return self.decision.memory_nodes
+
+    @property
+    def addresses(self) -> tuple[str, ...]:
+        return tuple(placement.address for placement in self.decision.placements)
+
+    def to_json(self) -> dict[str, Any]:
+        """The lease as the API shows it and the store keeps it (schema 2)."""
+        decision = self.decision
+        return {
+            "id": self.id, "state": self.state,
+            "owner_uid": self.owner_uid, "owner_gid": self.owner_gid,
+            "owner_pid": self.owner_pid, "requester_pid": self.requester_pid,
+            "owner_start_time": self.owner_start_time,
+            "job": self.job, "priority": self.priority, "preemptible": self.preemptible,
+            "gpus": list(self.gpus), "cpus": list(self.cpus), "memory_nodes": list(self.memory_nodes),
+            "missing_gpus": list(self.missing_gpus),
+            "placements": [{**placement.to_json(), "uuid": uuid}
+                           for placement, uuid in zip(decision.placements, self.gpu_uuids)],
+            "created": self.created, "expires": self.expires, "ttl_seconds": self.ttl_seconds,
+            "preempt_deadline": self.preempt_deadline,
+            "decision": {
+                "cost": round(decision.cost, 6), "best_cost": round(decision.best_cost, 6),
+                "level": decision.level, "requested_level": decision.requested_level,
+                "satisfaction": round(decision.satisfaction, 6), "numa_nodes": list(decision.numa_nodes),
+                "performance": decision.performance.to_json(), "exact": decision.exact,
+                "cpu_fallback": decision.cpu_fallback, "reasons": list(decision.reasons),
+            },
+            "environment": dict(self.environment),
+        }
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> Lease:
+        """Schema 2 (to_json) or schema 1 (the untyped decision of topod 0.1)."""
+        if "placements" not in body:
+            body = _upgrade_v1(body)
+        placements = tuple(Placement(index=int(p["index"]), address=str(p["address"]), numa_node=p["numa_node"],
+                                     cpus=tuple(p["cpus"]), cpu_node=p.get("cpu_node"))
+                           for p in body["placements"])
+        raw = body["decision"]
+        perf = raw.get("performance") or {}
+        decision = Decision(
+            gpus=tuple(p.index for p in placements), placements=placements,
+            cpus={p.index: p.cpus for p in placements},
+            memory_nodes=tuple(body["memory_nodes"]), numa_nodes=tuple(raw.get("numa_nodes", ())),
+            cost=float(raw.get("cost", 0.0)), best_cost=float(raw.get("best_cost", 0.0)),
+            level=str(raw.get("level", "any")), requested_level=str(raw.get("requested_level", "any")),
+            satisfaction=float(raw.get("satisfaction", 1.0)),
+            performance=Performance(relative_bandwidth=float(perf.get("relative_allreduce_bandwidth", 1.0)),
+                                    weakest_pair=perf.get("weakest_pair"),
+                                    weakest_pair_gbps=perf.get("weakest_pair_gbps"),
+                                    level_floors=dict(perf.get("level_floors", {}))),
+            exact=bool(raw.get("exact", True)), cpu_fallback=bool(raw.get("cpu_fallback", False)),
+            reasons=tuple(raw.get("reasons", ())),
+        )
+        return cls(
+            id=body["id"], state=body["state"], owner_uid=body["owner_uid"], owner_gid=body["owner_gid"],
+            requester_pid=body.get("requester_pid"), owner_pid=body.get("owner_pid"),
+            owner_start_time=body.get("owner_start_time"), job=body.get("job"), priority=int(body["priority"]),
+            preemptible=bool(body["preemptible"]), decision=decision,
+            gpu_uuids=tuple(p.get("uuid") for p in body["placements"]),
+            environment={str(k): str(v) for k, v in body.get("environment", {}).items()},
+            created=float(body["created"]), expires=body.get("expires"), ttl_seconds=body.get("ttl_seconds"),
+            preempt_deadline=body.get("preempt_deadline"), missing_gpus=tuple(body.get("missing_gpus", ())),
+        )
+
+
+def _upgrade_v1(body: dict[str, Any]) -> dict[str, Any]:
+    decision = dict(body.get("decision") or {})
+    upgraded = dict(body)
+    upgraded["placements"] = [{**p, "uuid": None} for p in decision.pop("gpus", [])]
+    upgraded["owner_start_time"] = decision.pop("owner_start_time", None)
+    upgraded["environment"] = decision.pop("environment", {})
+    upgraded["decision"] = decision
+    return upgraded
