@@ -30,6 +30,7 @@ from topod.service.leases import LeaseService
 from topod.service.load import NodeLoadSampler
 from topod.service.nccl_files import NcclFiles
 from topod.service.notify import Notifier
+from topod.service.probe_task import probes_this_root
 from topod.service.state import HostState
 from topod.service.supervise import Backoff, supervise
 from topod.service.watchdog import Supervisor, run_watchdog, watchdog_interval
@@ -313,7 +314,8 @@ class Daemon:
                "dry-run": "plans IRQ affinity but writes nothing", "off": "leaves IRQs alone"}[section["mode"]]
         if self.irq_withheld:
             irq += f" ({self.irq_withheld})"
-        probe = "probes links" if self.config.get("probe", "enabled") else "no link probes"
+        probing = self.config.section("probe")
+        probe = "probes links" if probing["enabled"] and probes_this_root(self.host, probing) else "no link probes"
         return (f"root {self.host.root} ({'live host' if self.host.is_live else 'captured tree'}): {irq}; {probe}; "
                 f"leases in {self.store.path}; API on {self.api_address}")
 

@@ -19,6 +19,12 @@ IDLE_RECHECK_SECONDS = 600.0
 MEASURES_THIS_MACHINE = ("host-memory", "cuda")
 
 
+def probes_this_root(host: HostRoot, section: dict) -> bool:
+    """False where probing would measure another machine than the tree's: a backend that
+    measures the machine topod runs on, on a captured tree."""
+    return host.is_live or section["backend"] not in MEASURES_THIS_MACHINE
+
+
 class ProbeTask:
     def __init__(self, host: HostRoot, state: HostState, section: dict, leased_gpus: Callable[[], set[int]],
                  publish: Callable[..., None]) -> None:
@@ -35,7 +41,7 @@ class ProbeTask:
             spec = f"simulated:{section['simulated_table']}"
         self.disabled: str | None = None
         self.backend = None
-        if spec in MEASURES_THIS_MACHINE and not host.is_live:
+        if not probes_this_root(host, section):
             # A captured tree is another machine: measuring this one would publish lies.
             self.disabled = (f"probe backend {spec!r} measures the machine topod runs on; --root {host.root} "
                              "is a captured tree, so its links are not probed")
