@@ -334,3 +334,13 @@ def test_the_readmes_telemetry_example_is_taken_on_the_default_backend(scenario)
     links = s.client.request("GET", "/v1/links")
     assert any("p2p" in str(row.get("link")) for row in links["links"])
     s.check()
+
+
+def test_reserved_cpus_per_node_keeps_each_nodes_first_cores_out_of_leases(daemon_factory):
+    daemon = daemon_factory(config='[alloc]\nreserved_cpus_per_node = 2\n[probe]\nenabled = false\n')
+    client = daemon.start()
+    topology = client.topology()
+    first = {cpu for node in topology["numa_nodes"] for cpu in sorted(node["cpus"])[:2]}
+    siblings = {s for cpu in topology["cpus"] if cpu["id"] in first for s in cpu["siblings"]}
+    held = {cpu for lease in [client.allocate(4), client.allocate(4)] for cpu in lease["cpus"]}
+    assert held and not held & (first | siblings), sorted(held & (first | siblings))
