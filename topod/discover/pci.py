@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from topod.cpulist import CpuListRangeError, parse_cpulist, parse_cpumask
 from topod.discover.devnames import nested_child_names
+from topod.discover.memo import DiscoveryMemo, PciIdentity, directory_stamp
 from topod.discover.notes import Notes
 from topod.host import HostDir, HostRoot
 from topod.model import NumaNode, PciDevice, PciLink
@@ -150,11 +151,17 @@ def _read_local_cpus(attrs: _Attrs) -> list[int] | None:
     return None
 
 
-def _read_link(attrs: _Attrs) -> PciLink | None:
+def _read_identity(attrs: _Attrs) -> PciIdentity:
+    """What cannot change while the function's directory lives (see topod.discover.memo)."""
+    return PciIdentity(vendor=attrs.hex_value("vendor"), device=attrs.hex_value("device"),
+                       class_code=attrs.hex_value("class"), max_speed=attrs.line("max_link_speed"),
+                       max_width=attrs.int_value("max_link_width"))
+
+
+def _read_link(attrs: _Attrs, identity: PciIdentity) -> PciLink | None:
     speed = attrs.line("current_link_speed")
-    max_speed = attrs.line("max_link_speed")
     width = attrs.int_value("current_link_width")
-    max_width = attrs.int_value("max_link_width")
+    max_speed, max_width = identity.max_speed, identity.max_width
     if speed is None and max_speed is None and width is None and max_width is None:
         return None
     return PciLink(current_speed=speed, current_width=width, max_speed=max_speed, max_width=max_width)
@@ -224,7 +231,9 @@ def _walk_host_bridge(host: HostRoot, path: str, found: list[tuple[str, str]], n
             _walk_host_bridge(host, child, found, notes, depth + 1)
 
 
-def read_functions(host: HostRoot, notes: Notes) -> list[RawFunction]:
+def read_functions(host: HostRoot, notes: Notes, memo: DiscoveryMemo | None = None) -> list[RawFunction]:
+    """Every PCI function's attributes; with a memo (the daemon's rescan), a function's
+    identity is read again only when its directory is a new one."""
     functions: list[RawFunction] = []
     for address, real in _function_paths(host, notes):
         root_complex, chain = _split_device_path(real)
@@ -235,7 +244,12 @@ def read_functions(host: HostRoot, notes: Notes) -> list[RawFunction]:
         base = real.lstrip("/")
         attrs = _Attrs.of(host, base, notes)
         try:
-            functions.append(_read_function(host, address, real, root_complex, chain, attrs))
+            if memo is None or attrs.directory is None:
+                identity = _read_identity(attrs)
+            else:
+                stamp = directory_stamp(real, attrs.directory.fd)
+                identity = memo.pci_identity(stamp, host, notes, lambda: _read_identity(attrs))
+            functions.append(_read_function(host, address, real, root_complex, chain, attrs, identity))
         finally:
             attrs.close()
     known = {f.address for f in functions}
@@ -248,7 +262,7 @@ def read_functions(host: HostRoot, notes: Notes) -> list[RawFunction]:
 
 
 def _read_function(host: HostRoot, address: str, real: str, root_complex: str, chain: list[str],
-                   attrs: _Attrs) -> RawFunction:
+                   attrs: _Attrs, identity: PciIdentity) -> RawFunction:
     names, has_ib = _child_names(attrs)
     driver_link = host.readlink(f"{attrs.base}/driver") if attrs.has("driver") else None
     return RawFunction(
@@ -256,13 +270,13 @@ def _read_function(host: HostRoot, address: str, real: str, root_complex: str, c
         sysfs_path=real,
         root_complex=root_complex,
         ancestors=[a.lower() for a in chain[:-1]],
-        vendor=attrs.hex_value("vendor"),
-        device=attrs.hex_value("device"),
-        class_code=attrs.hex_value("class"),
+        vendor=identity.vendor,
+        device=identity.device,
+        class_code=identity.class_code,
         driver=driver_link.rsplit("/", 1)[-1] if driver_link else None,
         numa_node_raw=attrs.int_value("numa_node"),
         local_cpus=_read_local_cpus(attrs),
-        link=_read_link(attrs),
+        link=_read_link(attrs, identity),
         msi_irqs=_read_msi_irqs(attrs),
         names=names,
         has_infiniband=has_ib,

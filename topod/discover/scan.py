@@ -6,6 +6,7 @@ from topod.discover.cpus import read_cpu_facts, read_cpus
 from topod.discover.gpumemory import link_gpu_memory
 from topod.discover.gpuminor import with_minors
 from topod.discover.identity import read_hostname
+from topod.discover.memo import DiscoveryMemo
 from topod.discover.memory import apply_memory_facts
 from topod.discover.notes import Notes
 from topod.discover.numa import nodes_from_cpus_without_sysfs, read_numa_nodes
@@ -16,16 +17,23 @@ from topod.host import HostRoot, ReadProblem
 from topod.model import Gpu, NumaNode, PciDevice, Topology
 
 
-def discover(host: HostRoot, *, live_nvml: bool = True) -> Topology:
+def discover(host: HostRoot, *, live_nvml: bool = True, memo: DiscoveryMemo | None = None) -> Topology:
     """Read the whole host. Never raises for odd content: guesses and skips go to
     Topology.warnings, and so does every file that is there but could not be read
     (permission_denied, not_a_regular_file, file_too_large, read_error). Raises
-    NotAHostTreeError when the root has no CPUs at all."""
+    NotAHostTreeError when the root has no CPUs at all. A memo (kept by a caller that
+    rescans the same host) skips what cannot have changed since the last pass."""
+    if memo is not None:
+        memo.begin_pass(str(host.root))
     with host.collecting_problems() as problems:
-        return _discover(host, Notes(), problems, live_nvml)
+        topology = _discover(host, Notes(), problems, live_nvml, memo)
+    if memo is not None:
+        memo.end_pass()
+    return topology
 
 
-def _discover(host: HostRoot, notes: Notes, problems: list[ReadProblem], live_nvml: bool) -> Topology:
+def _discover(host: HostRoot, notes: Notes, problems: list[ReadProblem], live_nvml: bool,
+              memo: DiscoveryMemo | None) -> Topology:
     facts = read_cpu_facts(host, notes)
     if not facts.present and not facts.online:
         why = f" ({problems[0].path}: {problems[0].reason})" if problems else ""
@@ -36,8 +44,13 @@ def _discover(host: HostRoot, notes: Notes, problems: list[ReadProblem], live_nv
     node_of_cpu = _node_of_cpu(nodes)
     for cpu in sorted(facts.online - set(node_of_cpu)):
         notes.add("cpu_without_node", f"sys/devices/system/cpu/cpu{cpu}", "online CPU listed by no NUMA node")
-    cpus = read_cpus(host, facts, node_of_cpu, notes)
-    devices = build_pci_devices(read_functions(host, notes), nodes, facts.online, notes)
+    if memo is None:
+        cpus = read_cpus(host, facts, node_of_cpu, notes)
+    else:
+        key = (tuple(facts.present), frozenset(facts.online), frozenset(facts.isolated),
+               frozenset(facts.nohz_full), tuple(sorted(node_of_cpu.items())))
+        cpus = memo.cpus_for(key, host, notes, lambda: read_cpus(host, facts, node_of_cpu, notes))
+    devices = build_pci_devices(read_functions(host, notes, memo), nodes, facts.online, notes)
     has_nvidia = any(d.vendor == 0x10DE for d in devices)
     report = read_nvml(host, notes, allow_live=live_nvml, expect_gpus=has_nvidia)
     gpus, nodes = link_gpu_memory(build_gpus(devices, report, notes), report, nodes, notes)

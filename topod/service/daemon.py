@@ -24,6 +24,7 @@ from topod.errors import ConfigError, UnavailableError
 from topod.events import EventBus
 from topod.host import HostRoot
 from topod.service.container import detect_container, irq_writes_withheld
+from topod.discover.memo import DiscoveryMemo
 from topod.service.hotplug import HotplugSource, discover_checked, udev_settings
 from topod.service.lease_store import LeaseStore
 from topod.service.leases import LeaseService
@@ -60,7 +61,8 @@ class Daemon:
         self.bus = EventBus()
         self.bus.add_listener(self._log_event)
         self.started = time.time()
-        self.state = HostState(discover_checked(self.host))
+        self._discovery_memo = DiscoveryMemo()  # the rescan loop's alone
+        self.state = HostState(discover_checked(self.host, self._discovery_memo))
         self.allowed_group = group_id(config.get("daemon", "group"))
         self.store = LeaseStore(config.get("daemon", "state_dir"), config.get("daemon", "sqlite_synchronous"))
         self.alloc = LeaseService(self.state, self.store, self.bus, config.section("alloc"), self._reserved_cpus(),
@@ -435,7 +437,7 @@ class Daemon:
                 for waiter in waits:
                     waiter.cancel()
             self._rescan_now.clear()
-            self.state.set_discovered(await asyncio.to_thread(discover_checked, self.host))
+            self.state.set_discovered(await asyncio.to_thread(discover_checked, self.host, self._discovery_memo))
 
         await self._supervised("rescan", iteration, self._deadline(interval))
 

@@ -10,6 +10,7 @@ from dataclasses import replace
 import structlog
 
 from topod.discover import discover
+from topod.discover.memo import DiscoveryMemo
 from topod.discover.udev import RebuildRequest, UdevSettings, cross_check, start_watcher
 from topod.host import HostRoot
 from topod.model import Topology
@@ -50,10 +51,11 @@ class HotplugSource:
                 "last_burst": self.last_burst.to_json() if self.last_burst else None}
 
 
-def discover_checked(host: HostRoot) -> Topology:
+def discover_checked(host: HostRoot, memo: DiscoveryMemo | None = None) -> Topology:
     """Discovery, plus udev's view of the PCI tree on a live root (mismatches become
-    warnings). Blocking: the daemon runs it in a worker thread."""
-    topology = discover(host)
+    warnings). Blocking: the daemon runs it in a worker thread, one pass at a time (the
+    memo is not shared between threads)."""
+    topology = discover(host, memo=memo)
     if not host.is_live:
         return topology
     check = cross_check(host, topology)

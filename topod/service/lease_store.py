@@ -171,8 +171,9 @@ class LeaseStore:
                 if self._holder.get(address) == lease.id:
                     del self._holder[address]
 
-        body = json.dumps(lease.to_json())
-        return self._queue([("INSERT INTO leases VALUES (?, ?)", (lease.id, body)),
+        body = lease.to_json()
+        self._json[lease.id] = (lease, body)  # the answer's JSON too: built once per lease
+        return self._queue([("INSERT INTO leases VALUES (?, ?)", (lease.id, json.dumps(body))),
                             ("INSERT INTO lease_devices VALUES (?, ?)", [(a, lease.id) for a in lease.addresses])],
                            undo)
 
@@ -188,8 +189,9 @@ class LeaseStore:
             if self._cache.get(lease.id) is lease:
                 self._cache[lease.id] = previous
 
-        return self._queue([("UPDATE leases SET body = ? WHERE id = ?", (json.dumps(lease.to_json()), lease.id))],
-                           undo)
+        body = lease.to_json()
+        self._json[lease.id] = (lease, body)
+        return self._queue([("UPDATE leases SET body = ? WHERE id = ?", (json.dumps(body), lease.id))], undo)
 
     def remove(self, lease_id: str) -> tuple[Lease, asyncio.Future | None] | None:
         lease = self._cache.pop(lease_id, None)

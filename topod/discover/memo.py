@@ -1,0 +1,95 @@
+"""What a periodic rescan keeps from the pass before: facts fixed for the life of the
+kernel object they describe, read again only when that object's stamp changes.
+
+- CPUs (core, package, siblings, last-level cache) change only with the present and
+  online masks (hot-plug, SMT control) or with node membership: one key over those.
+- A PCI function's identity (vendor, device, class) and its maximum link are fixed while
+  its sysfs directory lives: keyed by the directory's path, device, inode and ctime (a
+  function removed and added again is a new directory). Its numa_node (root may write
+  it), local CPUs, current link, driver, MSI vectors and child devices are read on every
+  pass.
+
+A read that left a warning or a read problem is never kept: the next pass reads again
+and reports again. Only the daemon's rescan loop keeps a memo; `topoctl` and the API's
+first answer read everything."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from topod.discover.notes import Notes
+from topod.host import HostRoot
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class PciIdentity:
+    vendor: int | None
+    device: int | None
+    class_code: int | None
+    max_speed: str | None
+    max_width: int | None
+
+
+@dataclass
+class DiscoveryMemo:
+    cpus: tuple[Any, Any] | None = None  # (key, cpus)
+    pci: dict[tuple, PciIdentity] = field(default_factory=dict)
+    hits: int = 0
+    misses: int = 0
+    root: str | None = None
+    _seen: set[tuple] = field(default_factory=set)
+
+    def begin_pass(self, root: str) -> None:
+        if root != self.root:  # another host tree: nothing known carries over
+            self.cpus, self.pci, self.root = None, {}, root
+        self._seen = set()
+
+    def end_pass(self) -> None:
+        """Forget functions this pass did not see (removed ones): the memo never outgrows the host."""
+        for stamp in [s for s in self.pci if s not in self._seen]:
+            del self.pci[stamp]
+
+    def cpus_for(self, key: Any, host: HostRoot, notes: Notes, read: Callable[[], T]) -> T:
+        if self.cpus is not None and self.cpus[0] == key:
+            self.hits += 1
+            return self.cpus[1]
+        self.misses += 1
+        value, clean = _clean_read(host, notes, read)
+        self.cpus = (key, value) if clean else None
+        return value
+
+    def pci_identity(self, stamp: tuple | None, host: HostRoot, notes: Notes,
+                     read: Callable[[], PciIdentity]) -> PciIdentity:
+        if stamp is None:
+            return read()
+        self._seen.add(stamp)
+        known = self.pci.get(stamp)
+        if known is not None:
+            self.hits += 1
+            return known
+        self.misses += 1
+        value, clean = _clean_read(host, notes, read)
+        if clean:
+            self.pci[stamp] = value
+        return value
+
+
+def directory_stamp(path: str, fd: int) -> tuple | None:
+    """(path, device, inode, ctime) of an open directory; None when it cannot be told."""
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    return (path, st.st_dev, st.st_ino, st.st_ctime_ns)
+
+
+def _clean_read(host: HostRoot, notes: Notes, read: Callable[[], T]) -> tuple[T, bool]:
+    before = len(notes.items)
+    with host.collecting_problems() as problems:
+        value = read()
+    return value, not problems and len(notes.items) == before
