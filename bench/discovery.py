@@ -1,5 +1,8 @@
-"""Discovery speed: whole-process `topoctl topo --json` vs `lstopo-no-graphics --whole-io
---of xml` on the largest real host, and in-process rediscovery. One line per figure.
+"""Discovery speed, on every real host of the vendored corpus (tests/data/hosts) and the
+h800 fixture: whole-process `topoctl topo --json` vs `lstopo --input DIR --whole-io --of
+xml` (ratio per host; the largest host also answered by a daemon), and in-process
+rediscovery, full and with the daemon's rescan memo (nothing changed), beside lstopo's
+whole-process time. One line per host, then the worst ratios.
 
     python bench/discovery.py [--baseline DIR]
 
@@ -22,7 +25,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-CORPUS = REPO.parent / "shared" / "data" / "hosts"
+CORPUS = REPO / "tests" / "data" / "hosts"  # vendored: a fresh clone has it
 RUNS = 9
 REDISCOVERIES = 50
 ROUNDS = 3  # alternating rounds of this tree and the baseline
@@ -32,14 +35,20 @@ _REDISCOVER = """
 import statistics, sys, time
 from topod.discover import discover
 from topod.host import HostRoot
+try:
+    from topod.discover.memo import DiscoveryMemo
+except ImportError:  # a baseline tree from before the memo
+    DiscoveryMemo = None
 host = HostRoot(sys.argv[1])
-discover(host, live_nvml=False)
-times = []
-for _ in range(int(sys.argv[2])):
-    started = time.perf_counter()
-    discover(host, live_nvml=False)
-    times.append(time.perf_counter() - started)
-print(statistics.median(times))
+def median(memo):
+    discover(host, live_nvml=False, **memo)
+    times = []
+    for _ in range(int(sys.argv[2])):
+        started = time.perf_counter()
+        discover(host, live_nvml=False, **memo)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+print(median({}), median({"memo": DiscoveryMemo()}) if DiscoveryMemo else "nan")
 """
 
 
@@ -52,10 +61,12 @@ def _median_seconds(command: list[str], env: dict | None = None) -> float:
     return statistics.median(times)
 
 
-def _rediscovery_seconds(code: Path, root: Path) -> float:
+def _rediscovery_seconds(code: Path, root: Path) -> tuple[float, float]:
+    """(full pass, pass with a warm rescan memo) medians, in a fresh interpreter."""
     done = subprocess.run([sys.executable, "-c", _REDISCOVER, str(root), str(REDISCOVERIES)], cwd=code,
                           env=dict(os.environ, PYTHONPATH=str(code)), capture_output=True, text=True, check=True)
-    return float(done.stdout.strip())
+    full, memo = done.stdout.split()
+    return float(full), float(memo)
 
 
 # -- whole process: `topoctl topo --json` vs lstopo (topoctl's start-up; the CLI owner's part) --
@@ -95,7 +106,8 @@ def _start_daemon(root: Path, work: Path) -> tuple[subprocess.Popen, str]:
     raise RuntimeError("topod did not start for the benchmark")
 
 
-def whole_process_figures(name: str, root: Path, baseline: Path | None = None, with_daemon: bool = True) -> None:
+def whole_process_figures(name: str, root: Path, baseline: Path | None = None,
+                          with_daemon: bool = True) -> dict[str, float]:
     """`topoctl topo --json` as a whole process (no daemon; answered by a daemon serving the
     root; an older tree's with --baseline) against `lstopo --input DIR --whole-io --of xml`."""
     daemon = None
@@ -121,17 +133,7 @@ def whole_process_figures(name: str, root: Path, baseline: Path | None = None, w
             if daemon is not None:
                 daemon.terminate()
                 daemon.wait(timeout=10)
-    base = medians.get("lstopo")
-    for label, seconds in medians.items():
-        if label == "lstopo":
-            continue
-        ratio = f"; ratio {label}/lstopo {seconds / base:.2f}" if base else ""
-        print(f"{name}: {label} topo --json whole process median {seconds * 1000:.1f} ms{ratio}")
-    if base:
-        print(f"{name}: lstopo --input DIR --whole-io --of xml median {base * 1000:.1f} ms ({WHOLE_RUNS} runs each, "
-              "interleaved)")
-    elif not shutil.which("lstopo"):
-        print("lstopo not installed (Debian package hwloc): no baseline")
+    return medians
 
 
 def _hosts(work: Path) -> dict[str, Path]:
@@ -155,27 +157,44 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--baseline {args.baseline}: no topod/discover package inside")
     sys.path.insert(0, str(REPO))  # this tree's topod, not an installed one
 
+    if not shutil.which("lstopo"):
+        print("lstopo not installed (Debian package hwloc): no baseline ratios")
+    worst: dict[str, tuple[float, str]] = {}
+
+    def keep_worst(key: str, value: float, name: str) -> None:
+        if value == value and value > worst.get(key, (-1.0, ""))[0]:
+            worst[key] = (value, name)
+
     with tempfile.TemporaryDirectory() as tmp:
         roots = _hosts(Path(tmp))
         largest = max((n for n in roots if "fixture" not in n),
                       key=lambda n: sum(1 for _ in roots[n].rglob("*")), default=None)
-        for name in [largest, "h800-8gpu (fixture)"]:
-            if name is None:
-                continue
-            root = roots[name]
-            whole_process_figures(name, root, baseline=args.baseline, with_daemon="fixture" not in name)
-            current: list[float] = []
-            baseline: list[float] = []
-            for _ in range(ROUNDS if args.baseline else 1):
-                if args.baseline:
-                    baseline.append(_rediscovery_seconds(args.baseline, root))
-                current.append(_rediscovery_seconds(REPO, root))
-            ours = statistics.median(current)
-            print(f"{name}: in-process rediscovery median {ours * 1000:.2f} ms (goal <= 10)")
-            if baseline:
-                theirs = statistics.median(baseline)
-                print(f"{name}: baseline ({args.baseline}) in-process rediscovery median {theirs * 1000:.2f} ms; "
-                      f"ratio this/baseline {ours / theirs:.2f}")
+        print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}; medians; "
+              f"{WHOLE_RUNS} interleaved whole-process runs, {REDISCOVERIES} rediscoveries per host")
+        for name, root in roots.items():
+            whole = whole_process_figures(name, root, baseline=args.baseline, with_daemon=name == largest)
+            current = [_rediscovery_seconds(REPO, root) for _ in range(ROUNDS if args.baseline else 1)]
+            full = statistics.median(c[0] for c in current)
+            memo = statistics.median(c[1] for c in current)
+            lstopo = whole.get("lstopo")
+            parts = [f"{name}: topoctl topo --json {whole['topoctl'] * 1e3:.1f} ms"]
+            if lstopo:
+                parts.append(f"lstopo {lstopo * 1e3:.1f} ms (ratio {whole['topoctl'] / lstopo:.2f})")
+                keep_worst("topoctl/lstopo", whole["topoctl"] / lstopo, name)
+            if "topoctl via daemon" in whole and lstopo:
+                parts.append(f"via daemon {whole['topoctl via daemon'] * 1e3:.1f} ms "
+                             f"(ratio {whole['topoctl via daemon'] / lstopo:.2f})")
+            parts.append(f"rediscovery {full * 1e3:.2f} ms, nothing changed (rescan memo) {memo * 1e3:.2f} ms")
+            keep_worst("rediscovery ms", full * 1e3, name)
+            keep_worst("rescan memo ms", memo * 1e3, name)
+            if lstopo:
+                parts.append(f"rediscovery/lstopo {full / lstopo:.2f}")
+                keep_worst("rediscovery/lstopo", full / lstopo, name)
+            if args.baseline:
+                theirs = statistics.median(_rediscovery_seconds(args.baseline, root)[0] for _ in range(ROUNDS))
+                parts.append(f"baseline rediscovery {theirs * 1e3:.2f} ms (this/baseline {full / theirs:.2f})")
+            print("; ".join(parts))
+    print("worst: " + "; ".join(f"{key} {value:.2f} ({name})" for key, (value, name) in worst.items()))
     return 0
 
 

@@ -189,3 +189,75 @@ def test_the_mirror_keeps_leased_cpus_through_adds_removes_and_undos(tmp_path):
 
     asyncio.run(scenario())
     store.close()
+
+
+def test_checkpoints_run_off_the_commit_path_and_the_wal_stays_bounded(tmp_path, monkeypatch):
+    import topod.service.lease_store as lease_store
+
+    monkeypatch.setattr(lease_store, "CHECKPOINT_EVERY_COMMITS", 4)
+    store = LeaseStore(tmp_path)
+    # SQLite's own checkpoint (inside a COMMIT, so inside an answer's wait) is off
+    assert store._db.execute("PRAGMA wal_autocheckpoint").fetchone() == (0,)
+    wal = tmp_path / "leases.sqlite3-wal"
+
+    async def churn(rounds: int) -> None:
+        for n in range(rounds):  # one change per commit: a checkpoint every 4 commits
+            await store.add(make_lease(f"l{n}", (n % 8,)))
+            await store.remove(f"l{n}")[1]
+
+    asyncio.run(churn(40))
+    for _ in range(100):  # the checkpointer runs in its own thread
+        if store.checkpoints:
+            break
+        asyncio.run(asyncio.sleep(0.02))
+    assert store.checkpoints >= 1 and store.commits == 80
+    size_after_80 = wal.stat().st_size
+    asyncio.run(churn(40))
+    # checkpointed WAL frames are reused: 80 more commits do not grow it in proportion
+    assert wal.stat().st_size < 2 * size_after_80 + 64 * 1024, (size_after_80, wal.stat().st_size)
+    store.add(make_lease("kept", (3,)))
+    store.close()
+    assert wal.stat().st_size == 0 if wal.exists() else True  # closed with a TRUNCATE checkpoint
+    reopened = LeaseStore(tmp_path)
+    assert [lease.id for lease in reopened.all()] == ["kept"]
+    reopened.close()
+
+
+def test_a_failing_checkpoint_is_logged_and_loses_nothing(tmp_path, monkeypatch):
+    import topod.service.lease_store as lease_store
+
+    monkeypatch.setattr(lease_store, "CHECKPOINT_EVERY_COMMITS", 1)
+    real_connect = sqlite3.connect
+    calls = []
+
+    class Refusing:
+        def __init__(self, connection):
+            self.connection = connection
+
+        def execute(self, sql, *args):
+            if "wal_checkpoint(PASSIVE)" in sql:
+                calls.append(sql)
+                raise sqlite3.OperationalError("disk I/O error")
+            return self.connection.execute(sql, *args)
+
+        def close(self):
+            self.connection.close()
+
+    store = LeaseStore(tmp_path)
+    monkeypatch.setattr(lease_store.sqlite3, "connect", lambda *a, **k: Refusing(real_connect(*a, **k)))
+
+    async def grant() -> None:
+        await store.add(make_lease("a", (0,)))
+        await store.add(make_lease("b", (1,)))
+
+    asyncio.run(grant())
+    for _ in range(100):
+        if calls:
+            break
+        asyncio.run(asyncio.sleep(0.02))
+    assert calls and store.checkpoints == 0
+    monkeypatch.setattr(lease_store.sqlite3, "connect", real_connect)
+    store.close()
+    reopened = LeaseStore(tmp_path)
+    assert sorted(lease.id for lease in reopened.all()) == ["a", "b"]
+    reopened.close()
