@@ -16,6 +16,7 @@ import time
 import pytest
 
 from tests.service.conftest import REPO, DaemonProcess
+from topod.client import ApiError
 from raw_http import exchange as _exchange
 from raw_http import post as _post
 
@@ -280,8 +281,17 @@ def test_descriptor_exhaustion_neither_crashes_nor_floods_the_log(daemon_factory
     finally:
         for sock in held:
             sock.close()
-    time.sleep(1.5)
-    assert client.health()["gpus"] == 8
+    # The backlog the flood left is accepted (and closed, its clients gone) in bursts, one
+    # a second after EMFILE; meanwhile a client may get 503 "retry shortly". It is served
+    # within a few seconds, and the daemon never died.
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            assert client.health()["gpus"] == 8
+            break
+        except ApiError as exc:
+            assert exc.code == "too_many_connections" and time.monotonic() < deadline, exc
+            time.sleep(0.25)
     log = daemon.log()
     assert "Traceback" not in log
     assert log.count('"accept_failed"') <= 5

@@ -25,6 +25,7 @@ from topod.events import EventBus
 from topod.host import HostRoot
 from topod.service.container import detect_container, irq_writes_withheld
 from topod.discover.memo import DiscoveryMemo
+from topod.service.heap import freeze_long_lived
 from topod.service.hotplug import HotplugSource, discover_checked, udev_settings
 from topod.service.lease_store import LeaseStore
 from topod.service.leases import LeaseService
@@ -255,6 +256,8 @@ class Daemon:
                 self.irq.hardware_changed()
             if self.probe is not None:
                 self.probe.hardware_changed()
+            self.alloc.warm_up()
+            freeze_long_lived("hardware changed")
         elif kind == "calibration" and self.irq is not None:
             self.irq.hardware_changed()  # a device's node moved: its IRQs' candidates did too
         if kind in ("hardware", "calibration"):
@@ -281,6 +284,8 @@ class Daemon:
         log.info("daemon_started", version=__version__, root=str(self.host.root), leases=len(self.alloc.leases()),
                  reclaimed=reclaimed, gpus=len(self.state.topology.gpus), warnings=len(self.state.topology.warnings))
         log.info("host_access", summary=self.access_summary())
+        self.alloc.warm_up()
+        freeze_long_lived("start")
         try:
             async with asyncio.TaskGroup() as tasks:
                 self._tasks = tasks

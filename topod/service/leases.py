@@ -156,6 +156,13 @@ class LeaseService:
         engine_body.setdefault("cpus_per_gpu", self.settings["cpus_per_gpu"])
         return service, Request.from_json(engine_body)
 
+    def warm_up(self) -> None:
+        """Load the engine and build its view of this topology now, not in the first request."""
+        from topod.alloc import engine  # noqa: F401 - loaded now, not in the first request
+        from topod.alloc.hostview import host_view
+
+        host_view(self.topology, self.distances)
+
     def decide(self, request, waited: float = 0.0, ttl_seconds: float | None = None):
         from topod.alloc.engine import allocate
 
