@@ -11,6 +11,7 @@ import stat
 
 import pytest
 
+from topod.errors import TopodError
 from topod.alloc.request import Decision, Performance, Placement
 from topod.service.lease import Lease
 from topod.service.lease_store import LeaseConflictError, LeaseStore, LeaseStoreError
@@ -90,6 +91,40 @@ def test_a_failed_commit_is_undone_in_the_mirror_and_reported(tmp_path):
 
     asyncio.run(scenario())
     store.close()
+
+
+def test_one_failing_change_in_a_batch_fails_alone(tmp_path):
+    """A batch is written straight first; a statement that fails makes the writer write
+    it again with a savepoint per change, so the other changes of the batch still land."""
+    store = LeaseStore(tmp_path)
+
+    async def scenario():
+        store.add(make_lease("a", (0,)))
+        _another_writer_takes(store, "0000:13:00.0")
+        commits = [store.add(make_lease(f"l{g}", (g,))) for g in (1, 2, 3, 4, 5)]
+        results = await asyncio.gather(*commits, return_exceptions=True)
+        failed = [lease for lease, r in zip((1, 2, 3, 4, 5), results) if isinstance(r, Exception)]
+        assert failed == [3] and isinstance(results[2], LeaseConflictError), results
+
+    asyncio.run(scenario())
+    assert sorted(lease.id for lease in store.all()) == ["a", "l1", "l2", "l4", "l5"]
+    store.close()
+    db = sqlite3.connect(store.path)
+    on_disk = sorted(row[0] for row in db.execute("SELECT id FROM leases"))
+    db.close()
+    assert on_disk == ["a", "ghost", "l1", "l2", "l4", "l5"]
+
+
+def test_an_unreadable_lease_row_stops_the_store_with_its_id_and_loses_nothing(tmp_path):
+    store = LeaseStore(tmp_path)
+    store.add(make_lease("a", (0,)))
+    store.close()
+    _another_writer_takes(store, "0000:13:00.0")  # body '{}': not a lease
+    with pytest.raises(TopodError, match="lease 'ghost' is unreadable"):
+        LeaseStore(tmp_path)
+    db = sqlite3.connect(store.path)
+    assert sorted(row[0] for row in db.execute("SELECT id FROM leases")) == ["a", "ghost"], "nothing deleted"
+    db.close()
 
 
 def test_remove_and_update_are_durable(tmp_path):
@@ -195,6 +230,7 @@ def test_checkpoints_run_off_the_commit_path_and_the_wal_stays_bounded(tmp_path,
     import topod.service.lease_store as lease_store
 
     monkeypatch.setattr(lease_store, "CHECKPOINT_EVERY_COMMITS", 4)
+    monkeypatch.setattr(lease_store, "WAL_RESTART_FRAMES", 64)  # a lagging checkpointer is caught up
     store = LeaseStore(tmp_path)
     # SQLite's own checkpoint (inside a COMMIT, so inside an answer's wait) is off
     assert store._db.execute("PRAGMA wal_autocheckpoint").fetchone() == (0,)
@@ -221,6 +257,39 @@ def test_checkpoints_run_off_the_commit_path_and_the_wal_stays_bounded(tmp_path,
     reopened = LeaseStore(tmp_path)
     assert [lease.id for lease in reopened.all()] == ["kept"]
     reopened.close()
+
+
+def test_a_wal_the_passive_checkpoints_cannot_catch_is_restarted_by_the_writer(tmp_path, monkeypatch):
+    import topod.service.lease_store as lease_store
+
+    monkeypatch.setattr(lease_store, "CHECKPOINT_EVERY_COMMITS", 1)
+    monkeypatch.setattr(lease_store, "WAL_RESTART_FRAMES", 8)
+    store = LeaseStore(tmp_path)
+    # A reader holding a snapshot stops every PASSIVE checkpoint short: the WAL grows.
+    reader = sqlite3.connect(store.path, isolation_level=None)
+    reader.execute("BEGIN")
+    reader.execute("SELECT count(*) FROM leases").fetchone()
+
+    async def churn(rounds: int) -> None:
+        for n in range(rounds):
+            await store.add(make_lease(f"l{n}", (n % 8,)))
+            await store.remove(f"l{n}")[1]
+
+    asyncio.run(churn(20))
+    for _ in range(100):
+        if store._wal_restart_due.is_set():
+            break
+        asyncio.run(asyncio.sleep(0.02))
+    assert store._wal_restart_due.is_set(), "the checkpointer saw the WAL past its bound"
+    reader.execute("COMMIT")  # the reader lets go: the writer's RESTART can complete
+    reader.close()
+    asyncio.run(churn(1))
+    assert store.wal_restarts == 1
+    wal = tmp_path / "leases.sqlite3-wal"
+    size_after_restart = wal.stat().st_size
+    asyncio.run(churn(3))
+    assert wal.stat().st_size <= size_after_restart, "new frames reuse the restarted WAL from its start"
+    store.close()
 
 
 def test_a_failing_checkpoint_is_logged_and_loses_nothing(tmp_path, monkeypatch):

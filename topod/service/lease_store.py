@@ -51,6 +51,12 @@ SYNCHRONOUS = ("full", "normal")
 # and its fsync, 10-15 ms every ~250 commits. Checkpoints run on a connection of their
 # own instead, PASSIVE (never blocking the writer), after this many commits.
 CHECKPOINT_EVERY_COMMITS = 200
+# A PASSIVE checkpoint never waits, so under a steady stream of commits it can lag for
+# ever and the WAL only grows (SQLite restarts the WAL only when a writer finds every
+# frame copied back). Past this many frames the writer thread itself, between two
+# batches, runs a RESTART checkpoint: one bounded stall instead of an unbounded file.
+WAL_RESTART_FRAMES = 8192
+BUSY_TIMEOUT_MS = 5000  # sqlite3.connect's default, made explicit
 
 
 class LeaseConflictError(TopodError):
@@ -84,7 +90,8 @@ class LeaseStore:
         _private_directory(directory)
         self.path = directory / "leases.sqlite3"
         _private_file(self.path)
-        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
+                                   timeout=BUSY_TIMEOUT_MS / 1000)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(f"PRAGMA synchronous={synchronous.upper()}")
         self._db.execute("PRAGMA foreign_keys=ON")
@@ -112,6 +119,8 @@ class LeaseStore:
         self.checkpoints = 0
         self._checkpoint_due = threading.Event()
         self._checkpointer: threading.Thread | None = None
+        self._wal_restart_due = threading.Event()
+        self.wal_restarts = 0
 
     # -- opening ------------------------------------------------------------------
     def _migrate(self) -> None:
@@ -140,8 +149,17 @@ class LeaseStore:
                              f"({SCHEMA_VERSION}); upgrade topod or move the file away")
 
     def _load(self) -> list[Lease]:
-        rows = self._db.execute("SELECT body FROM leases ORDER BY rowid").fetchall()
-        return [Lease.from_json(json.loads(body)) for (body,) in rows]
+        rows = self._db.execute("SELECT id, body FROM leases ORDER BY rowid").fetchall()
+        leases = []
+        for lease_id, body in rows:
+            try:
+                leases.append(Lease.from_json(json.loads(body)))
+            except (ValueError, TypeError, KeyError, AttributeError) as exc:
+                # Dropping it would free GPUs a job may still hold: refuse, say which row.
+                raise TopodError(f"{self.path}: lease {lease_id!r} is unreadable ({type(exc).__name__}: {exc}); "
+                                 "topod will not guess what it held. Release its GPUs by hand and delete "
+                                 "the row, or move the database away") from exc
+        return leases
 
     # -- reading (the mirror) -----------------------------------------------------
     def all(self) -> list[Lease]:
@@ -275,6 +293,8 @@ class LeaseStore:
                 batch, self._pending = self._pending, []
                 if not batch and self._closing:
                     return
+            if self._wal_restart_due.is_set():
+                self._restart_wal()
             self._write(batch)
             if self.commits % CHECKPOINT_EVERY_COMMITS == 0 and self.commits:
                 self._request_checkpoint()
@@ -291,13 +311,26 @@ class LeaseStore:
                     pass
 
     def _write(self, batch: list[_Op]) -> None:
-        """One transaction for the whole batch; a change that violates a constraint fails
-        alone (savepoint), a failed COMMIT fails them all."""
+        """One transaction for the whole batch. A change that violates a constraint fails
+        alone: the batch is first written straight (the common case: two statements a
+        change, each a GIL round trip of this thread), and only when a statement fails is
+        it written again with a savepoint per change. A failed COMMIT fails them all."""
+        try:
+            try:
+                self._transaction(batch, isolate=False)
+            except _StatementFailed:
+                self._transaction(batch, isolate=True)
+        except sqlite3.Error as exc:
+            for op in batch:
+                op.error = op.error or exc
+
+    def _transaction(self, batch: list[_Op], *, isolate: bool) -> None:
         db = self._db
         try:
             db.execute("BEGIN IMMEDIATE")
             for op in batch:
-                db.execute("SAVEPOINT change")
+                if isolate:
+                    db.execute("SAVEPOINT change")
                 try:
                     for statement, params in op.sql:
                         if isinstance(params, list):
@@ -305,19 +338,21 @@ class LeaseStore:
                         else:
                             db.execute(statement, params)
                 except sqlite3.Error as exc:
+                    if not isolate:
+                        raise _StatementFailed from exc
                     db.execute("ROLLBACK TO change")
                     op.error = exc
-                db.execute("RELEASE change")
+                if isolate:
+                    db.execute("RELEASE change")
             db.execute("COMMIT")
             self.commits += 1
             self.changes += len(batch)
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, _StatementFailed):
             try:
                 db.execute("ROLLBACK")
             except sqlite3.Error:
                 pass
-            for op in batch:
-                op.error = op.error or exc
+            raise
 
     # -- checkpoints, off the commit path -----------------------------------------------
     def _request_checkpoint(self) -> None:
@@ -336,12 +371,32 @@ class LeaseStore:
                 if self._closing:
                     return
                 try:
-                    db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                    _busy, wal_frames, _copied = db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
                     self.checkpoints += 1
+                    if wal_frames > WAL_RESTART_FRAMES:
+                        self._wal_restart_due.set()
                 except sqlite3.Error as exc:  # the next request tries again; the WAL only grows meanwhile
                     log.warning("lease_checkpoint_failed", error=str(exc))
         finally:
             db.close()
+
+    def _restart_wal(self) -> None:
+        self._wal_restart_due.clear()
+        db = self._db
+        try:
+            # Never wait on a reader here: every answer in the next batch would wait too.
+            # A busy restart is simply tried again after the next PASSIVE checkpoint.
+            db.execute("PRAGMA busy_timeout=0")
+            try:
+                busy, _frames, _copied = db.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
+            finally:
+                db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            if busy:
+                log.info("lease_wal_restart_busy")
+            else:
+                self.wal_restarts += 1
+        except sqlite3.Error as exc:
+            log.warning("lease_checkpoint_failed", error=str(exc), mode="restart")
 
     def flush(self, timeout: float = 30.0) -> None:
         """Wait until every change queued so far is on disk (or failed)."""
@@ -367,6 +422,10 @@ class LeaseStore:
         except sqlite3.Error:
             pass
         self._db.close()
+
+
+class _StatementFailed(Exception):
+    """A statement of a batch written without savepoints failed: write it again with them."""
 
 
 def _settle_all(ops: list[_Op]) -> None:
