@@ -29,6 +29,11 @@ How a decision is made:
      Weighted 1e-7 it only breaks ties: among equal-cost sets, take GPUs from partly
      used groups so the free ones stay together (least fragmentation). Low-priority or
      short requests weigh it much more (topod.alloc.policy), so they fill fragments.
+   - look-ahead: where the host's census of minimum-cost sets exists (hostview: at most
+     CENSUS_LIMIT twin-class mixes, up to about 16 GPUs, and not all sets equal), every
+     set within k x 1e-7 of the minimum objective (equal cost, differing only in phi) is
+     listed (search.solve_ties) and the one leaving the most host-minimum sets of every
+     size wholly free wins; phi breaks what is left. It never trades cost for packing.
    - back-pressure: a per-GPU penalty for overloaded nodes, in a second search only when
      the first set touches one (topod.alloc.policy).
    The search is exact unless it exhausts PolicySettings.search_budget nodes; then the
@@ -40,15 +45,16 @@ How a decision is made:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import comb
 
 from topod.alloc.cores import CoreMap, assign_cpus, core_map, fair_share, node_capacity, wants_cpus
 from topod.alloc.errors import (InsufficientCpusError, InsufficientGpusError, InvalidRequestError,
                                 LevelUnreachableError, UnknownGpuError)
 from topod.alloc.estimate import weakest
-from topod.alloc.hostview import DELTA_NODE, HostView, host_view
+from topod.alloc.hostview import DELTA_NODE, Census, HostView, best_set_census, host_view
 from topod.alloc.policy import PolicySettings, backpressure_penalty, packing_scale, topology_weight
 from topod.alloc.request import Decision, FreeState, Performance, Placement, Request
-from topod.alloc.search import SearchResult, build_problem, solve
+from topod.alloc.search import SearchResult, build_problem, solve, solve_ties
 from topod.distance import DistanceModel
 from topod.model import Topology
 
@@ -95,11 +101,11 @@ def allocate(topology: Topology, distances: DistanceModel, state: FreeState, req
     if wants_cpus(per_gpu):
         capacity = node_capacity(topology, excluded, per_gpu, cmap)
         node_cap = {v: capacity.get(v, 0) for v in set(view.node)}
-    result = _search(view, free, must, unary, node_cap, max_nodes, k, policy.search_budget)
+    result = _search(view, free, must, unary, node_cap, max_nodes, k, policy.search_budget, busy)
     if result is None:
-        result = _without_cpu_limit(view, free, must, unary, node_cap, max_nodes, k, policy, request, limit)
+        result = _without_cpu_limit(view, free, must, unary, node_cap, max_nodes, k, policy, request, limit, busy)
     result = _backpressure(view, free, must, unary, node_cap if node_cap and result_fits(view, result, node_cap)
-                           else None, max_nodes, k, policy, state, result, reasons)
+                           else None, max_nodes, k, policy, state, result, reasons, busy)
     members = list(result.members)
     cost = set_cost(view, members)
     nodes = sorted({view.node[p] for p in members})
@@ -158,8 +164,8 @@ def _auto_share(view: HostView, cmap: CoreMap, state: FreeState) -> dict[int, in
     return share
 
 
-def _without_cpu_limit(view, free, must, unary, node_cap, max_nodes, k, policy, request, limit) -> SearchResult:
-    relaxed = _search(view, free, must, unary, None, max_nodes, k, policy.search_budget) if node_cap else None
+def _without_cpu_limit(view, free, must, unary, node_cap, max_nodes, k, policy, request, limit, busy) -> SearchResult:
+    relaxed = _search(view, free, must, unary, None, max_nodes, k, policy.search_budget, busy) if node_cap else None
     if relaxed is None:
         raise LevelUnreachableError(f"no free set of {k} GPUs meets level '{request.level}': it needs the GPUs "
                                     f"within {limit} NUMA node(s)")
@@ -170,7 +176,8 @@ def _without_cpu_limit(view, free, must, unary, node_cap, max_nodes, k, policy, 
     return relaxed
 
 
-def _backpressure(view, free, must, unary, node_cap, max_nodes, k, policy, state, result, reasons) -> SearchResult:
+def _backpressure(view, free, must, unary, node_cap, max_nodes, k, policy, state, result, reasons,
+                  busy) -> SearchResult:
     if not state.node_load:
         return result
     floor = view.cache.get("min_weight")
@@ -182,7 +189,7 @@ def _backpressure(view, free, must, unary, node_cap, max_nodes, k, policy, state
     if not touched:
         return result
     loaded = {p: unary[p] + penalty.get(view.node[p], 0.0) for p in free}
-    moved = _search(view, free, must, loaded, node_cap, max_nodes, k, policy.search_budget)
+    moved = _search(view, free, must, loaded, node_cap, max_nodes, k, policy.search_budget, busy)
     if moved is None or moved.members == result.members:
         return result
     reasons.append(f"back-pressure: node(s) {', '.join(map(str, touched))} overloaded; moved to "
@@ -191,9 +198,59 @@ def _backpressure(view, free, must, unary, node_cap, max_nodes, k, policy, state
     return moved
 
 
-def _search(view, candidates, must, unary, node_cap, max_nodes, k, budget) -> SearchResult | None:
+def _search(view, candidates, must, unary, node_cap, max_nodes, k, budget,
+            busy: set[int] | None = None) -> SearchResult | None:
+    """The minimum-objective set; given `busy` (a grant, not a reference), the look-ahead
+    chooses among the equal-cost ones."""
     problem = build_problem(candidates, must, view.twin, view.node, view.search_weight, unary, node_cap, max_nodes)
+    census = best_set_census(view) if busy is not None and DELTA_FRAG * k < DELTA_NODE / 2 else None
+    if census:
+        # phi < 1 per GPU, so sets within DELTA_FRAG x k differ only in the tie-break term
+        ties = solve_ties(problem, k, DELTA_FRAG * k, budget=budget)
+        if ties:
+            return _look_ahead(view, census, busy, ties)
     return solve(problem, k, budget)
+
+
+def _look_ahead(view: HostView, census: Census, busy: set[int], ties: list[SearchResult]) -> SearchResult:
+    """Of equal-cost sets, the one after which the most host-minimum sets of every size
+    (the census) are still wholly free: requests that come next can still be served at
+    the host's best. A set counts once per way to pick it, so a whole free switch or
+    node keeps many; `ties` comes lowest objective first, so phi decides among equals."""
+    if len(ties) == 1:
+        return ties[0]
+    free_in = [0] * (max(view.twin) + 1)
+    for p in range(view.n):
+        if p not in busy:
+            free_in[view.twin[p]] += 1
+    # One score per class mix left free: at most CENSUS_LIMIT of them per host.
+    memo = view.cache.setdefault("sets_left", {})
+    best, chosen = -1, ties[0]
+    for result in ties:
+        left = list(free_in)
+        for p in result.members:
+            left[view.twin[p]] -= 1
+        key = tuple(left)
+        score = memo.get(key)
+        if score is None:
+            score = memo[key] = _sets_left(census, left, sum(left))
+        if score > best:
+            best, chosen = score, result
+    return chosen
+
+
+def _sets_left(census: Census, left: list[int], room: int) -> int:
+    total = 0
+    for size, mix in census:
+        if size > room:
+            break  # the census is ordered by size
+        ways = 1
+        for c, count in mix:
+            ways *= comb(left[c], count)  # 0 once count exceeds what is left
+            if not ways:
+                break
+        total += ways
+    return total
 
 
 def _eligible(view: HostView, request: Request, reasons: list[str]) -> list[int]:

@@ -16,6 +16,10 @@ and the class order follows it, so the first leaf is usually optimal and the res
 proof. Constraints: at most `max_nodes` NUMA nodes, at most `node_cap[v]` GPUs on node v
 (CPU capacity), at least `lo[c]` of class c (must_include). A node budget bounds the
 work; past it the best set found is returned with exact=False.
+
+solve_ties runs the same search with the pruning loosened by a slack and returns every
+set within that slack of the minimum, so the caller can choose among equal-cost sets by
+something no sum of pair and per-GPU terms expresses (what the leftover GPUs can serve).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from dataclasses import dataclass
 
 NODE_BUDGET = 200_000
 SEEDS = 4
+TIE_LIMIT = 64  # more near-equal sets than this: the caller keeps solve's choice
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +93,34 @@ def solve(problem: Problem, k: int, budget: int = NODE_BUDGET) -> SearchResult |
     return _branch_and_bound(problem, cap, k, order, incumbent, budget, neighbours)
 
 
+def solve_ties(problem: Problem, k: int, slack: float, limit: int = TIE_LIMIT,
+               budget: int = NODE_BUDGET) -> list[SearchResult] | None:
+    """Every set whose objective is within `slack` of the minimum, lowest first; None when
+    there are more than `limit` of them, the budget runs out or no set exists."""
+    cap = [len(group) for group in problem.members]
+    if sum(cap) < k or sum(problem.lo) > k or k <= 0:
+        return None
+    if sum(cap) == k:
+        only = _everything(problem, cap, k)
+        return [only] if only else None
+    if k == 1 and not any(problem.lo):
+        found = _single_ties(problem, slack)
+    elif k == 2:
+        found = _pair_ties(problem, cap, slack)
+    else:
+        neighbours = _neighbours(problem, cap)
+        incumbent = _greedy_incumbent(problem, cap, k, neighbours)
+        order = _order(problem, cap, k, incumbent)
+        kept: list[tuple[float, list[int]]] = []
+        best = _branch_and_bound(problem, cap, k, order, incumbent, budget, neighbours, (kept, slack, limit))
+        if best is None or not best.exact:
+            return None
+        found = [SearchResult(_chosen(problem, order, counts), objective, True, best.visited)
+                 for objective, counts in kept if objective <= best.objective + slack]
+    found.sort(key=lambda result: (result.objective, result.members))
+    return found if 0 < len(found) <= limit else None
+
+
 def _everything(problem: Problem, cap: list[int], k: int) -> SearchResult | None:
     """Exactly k candidates: the only set, if it meets the constraints."""
     per_node: dict[int, int] = {}
@@ -115,6 +148,36 @@ def _single(problem: Problem, cap: list[int]) -> SearchResult | None:
     if pick < 0:
         return None
     return SearchResult((problem.members[pick][0],), best, True, 1)
+
+
+def _single_ties(problem: Problem, slack: float) -> list[SearchResult]:
+    open_ = [c for c in range(len(problem.members))
+             if problem.node_cap is None or problem.node_cap.get(problem.node[c], 1) >= 1]
+    low = min((problem.unary[c] for c in open_), default=0.0)
+    return [SearchResult((problem.members[c][0],), problem.unary[c], True, 1)
+            for c in open_ if problem.unary[c] <= low + slack]
+
+
+def _pair_ties(problem: Problem, cap: list[int], slack: float) -> list[SearchResult]:
+    """Two GPUs: every class pair directly (cheaper than a search with loosened bounds)."""
+    found = []
+    for a in range(len(cap)):
+        for b in range(a, len(cap)):
+            take = {a: 2} if a == b else {a: 1, b: 1}
+            if (any(cap[c] < n or problem.lo[c] > n for c, n in take.items())
+                    or sum(problem.lo[c] for c in take) < sum(problem.lo)):
+                continue
+            per_node: dict[int, int] = {}
+            for c, n in take.items():
+                per_node[problem.node[c]] = per_node.get(problem.node[c], 0) + n
+            cap_ok = problem.node_cap is None or all(n <= problem.node_cap.get(v, 2) for v, n in per_node.items())
+            if not cap_ok or (problem.max_nodes is not None and len(per_node) > problem.max_nodes):
+                continue
+            pair = problem.intra[a] if a == b else problem.inter[a][b]
+            members = problem.members[a][:2] if a == b else [problem.members[a][0], problem.members[b][0]]
+            found.append(SearchResult(tuple(sorted(members)), problem.unary[a] + problem.unary[b] + pair, True, 1))
+    low = min((result.objective for result in found), default=0.0)
+    return [result for result in found if result.objective <= low + slack]
 
 
 def _neighbours(problem: Problem, cap: list[int]) -> list[list[tuple[float, int, int]]]:
@@ -264,7 +327,11 @@ def _order(problem: Problem, cap: list[int], k: int, incumbent: tuple[float, lis
 
 def _branch_and_bound(problem: Problem, cap: list[int], k: int, order: list[int],
                       incumbent: tuple[float, list[int]] | None, budget: int,
-                      neighbours: list[list[tuple[float, int, int]]]) -> SearchResult | None:
+                      neighbours: list[list[tuple[float, int, int]]],
+                      ties: tuple[list[tuple[float, list[int]]], float, int] | None = None) -> SearchResult | None:
+    """The minimum; with ties = (kept, slack, limit) it also appends to `kept` every leaf
+    within slack of the best so far (prunes only beyond best + slack; past `limit` live
+    entries it stops as if the budget ran out)."""
     m = len(order)
     rank = [0] * m
     for position, c in enumerate(order):
@@ -304,6 +371,7 @@ def _branch_and_bound(problem: Problem, cap: list[int], k: int, order: list[int]
     g = [0.0] * m
     used: dict[int, int] = {}
     visited = 0
+    kept, slack, limit = ties if ties is not None else (None, 0.0, 0)
 
     def bound(t: int, r: int, current: float) -> float:
         values = []
@@ -328,12 +396,14 @@ def _branch_and_bound(problem: Problem, cap: list[int], k: int, order: list[int]
         if visited > budget:
             raise _Budget
         if r == 0:
+            if kept is not None and current <= best + slack:
+                _keep(kept, current, counts[:], min(best, current) + slack, limit)
             if current < best - _eps(best):
                 best, best_counts = current, counts[:]
             return
         if t == m or suffix[t] < r:
             return
-        if bound(t, r, current) >= best - _eps(best):
+        if bound(t, r, current) >= best - _eps(best) + slack:
             return
         high = min(cap_o[t], r)
         low = max(lo_o[t], r - suffix[t + 1])
@@ -367,10 +437,24 @@ def _branch_and_bound(problem: Problem, cap: list[int], k: int, order: list[int]
         exact = False
     if best_counts is None:
         return None
+    return SearchResult(_chosen(problem, order, best_counts), best, exact, visited)
+
+
+def _keep(kept: list[tuple[float, list[int]]], objective: float, counts: list[int], cutoff: float,
+          limit: int) -> None:
+    kept.append((objective, counts))
+    if len(kept) > 2 * limit:
+        kept[:] = [entry for entry in kept if entry[0] <= cutoff]
+        if len(kept) > limit:
+            raise _Budget
+
+
+def _chosen(problem: Problem, order: list[int], counts: list[int]) -> tuple[int, ...]:
+    """Depth-ordered class counts -> positions (must_include members first in each class)."""
     chosen: list[int] = []
-    for depth, n in enumerate(best_counts):
+    for depth, n in enumerate(counts):
         chosen.extend(problem.members[order[depth]][:n])
-    return SearchResult(tuple(sorted(chosen)), best, exact, visited)
+    return tuple(sorted(chosen))
 
 
 def _eps(best: float) -> float:

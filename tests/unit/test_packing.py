@@ -1,0 +1,191 @@
+"""Packing among equal-cost sets: the engine never pays for packing with cost, but of the
+sets that cost the minimum it takes the one leaving the most host-minimum sets free, so
+later requests can still be served at the host's best (engine._look_ahead, the census in
+hostview, search.solve_ties)."""
+
+from __future__ import annotations
+
+import random
+from itertools import combinations
+
+import pytest
+
+from topod.alloc.engine import allocate
+from topod.alloc.hostview import best_set_census, host_view
+from topod.alloc.request import FreeState, Request
+from topod.alloc.search import build_problem, solve, solve_ties
+from topod.discover import discover
+from topod.distance import DistanceModel
+from topod.host import HostRoot
+from topod.hostspec import build_host, load_builtin_spec
+from topod.hostspec.synthetic import HOSTS as SYNTHETIC
+from topod.hostspec.synthetic import build_synthetic
+
+PACKED = ("pcie-8gpu", "nps4-8gpu", "dgx1-cubemesh")
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory):
+    cache: dict[str, tuple] = {}
+
+    def get(name: str):
+        if name not in cache:
+            if name in SYNTHETIC:
+                topology = build_synthetic(name, tmp_path_factory.mktemp(name))
+            else:
+                topology = discover(HostRoot(build_host(load_builtin_spec(name), tmp_path_factory.mktemp(name))),
+                                    live_nvml=False)
+            cache[name] = (topology, DistanceModel(topology))
+        return cache[name]
+
+    return get
+
+
+def grant(host_pair, busy: set[int], k: int):
+    topology, distances = host_pair
+    decision = allocate(topology, distances, FreeState(busy_gpus=frozenset(busy)), Request(gpus=k, level="any"))
+    busy |= set(decision.gpus)
+    return decision
+
+
+@pytest.mark.parametrize(("name", "used", "pair", "block"), [
+    # pcie-8gpu: switches (0,1) (2,3) on node 0, (4,5) (6,7) on node 1.
+    ("pcie-8gpu", 0, (2, 3), (4, 5, 6, 7)),
+    # nps4-8gpu: one pair per NUMA node, two nodes per socket; no group names the socket,
+    # so only the look-ahead sees that (0,1) would break the last whole socket.
+    ("nps4-8gpu", 6, (4, 5), (0, 1, 2, 3)),
+])
+def test_a_pair_after_a_single_gpu_goes_next_to_it_not_into_a_fresh_block(host, name, used, pair, block):
+    busy = {used}
+    assert grant(host(name), busy, 2).gpus == pair
+    later = grant(host(name), busy, 4)
+    assert later.gpus == block and later.level == "best"
+
+
+def test_a_single_gpu_fills_a_broken_switch_before_opening_a_whole_one(host):
+    assert grant(host("pcie-8gpu"), {0, 4}, 1).gpus[0] in (1, 5)
+
+
+@pytest.mark.parametrize("name", PACKED)
+def test_a_four_gpu_request_after_small_ones_still_gets_a_whole_minimum_block(host, name):
+    topology, distances = host(name)
+    busy: set[int] = set()
+    for k in (1, 2, 1):
+        grant(host(name), busy, k)
+    later = grant(host(name), busy, 4)
+    assert later.level == "best" and later.cost == pytest.approx(later.best_cost)
+
+
+def brute_census(weight, n: int) -> list[frozenset[int]]:
+    out = []
+    for size in range(2, n + 1):
+        costs = {c: sum(weight[a][b] for a, b in combinations(c, 2)) for c in combinations(range(n), size)}
+        low = min(costs.values())
+        out.extend(frozenset(c) for c, cost in costs.items() if cost <= low + 1e-9)
+    return out
+
+
+@pytest.mark.parametrize("name", PACKED)
+def test_the_choice_keeps_the_most_host_minimum_sets_free_among_the_cheapest(host, name):
+    """Checked by brute force, apart from the engine: the chosen set costs the free
+    minimum (fewest node crossings among equals) and no equally cheap set leaves more
+    host-minimum sets of any size wholly free."""
+    topology, distances = host(name)
+    gpus = [g.index for g in topology.gpus]
+    n = len(gpus)
+    weight = [[distances.gpus(a, b).weight for b in gpus] for a in gpus]
+    node = [g.numa_node for g in topology.gpus]
+    census = brute_census(weight, n)
+    rng = random.Random(name)
+    for _ in range(40):
+        busy = set(rng.sample(range(n), rng.randint(0, 5)))
+        free = [g for g in range(n) if g not in busy]
+        k = rng.randint(1, len(free) - 1)
+
+        def key(c):
+            return (round(sum(weight[a][b] for a, b in combinations(c, 2)), 6),
+                    sum(node[a] != node[b] for a, b in combinations(c, 2)))
+
+        def left(c):
+            rest = set(free) - set(c)
+            return sum(1 for s in census if s <= rest)
+
+        cheapest = min(key(c) for c in combinations(free, k))
+        candidates = [c for c in combinations(free, k) if key(c) == cheapest]
+        chosen = grant(host(name), set(busy), k).gpus
+        assert key(chosen) == cheapest
+        assert left(chosen) == max(left(c) for c in candidates), (busy, k, chosen)
+
+
+def test_hosts_without_a_useful_census_keep_the_plain_tie_break(host):
+    # NVSwitch: every set of a size costs the same; 64 GPUs: too many class mixes to list.
+    for name in ("h800-8gpu", "nvs-64gpu", "pcie-64gpu"):
+        topology, distances = host(name)
+        assert best_set_census(host_view(topology, distances)) is None
+    topology, distances = host("pcie-8gpu")
+    view = host_view(topology, distances)
+    fours = [mix for size, mix in best_set_census(view) if size == 4]
+    assert sorted({tuple(sorted(p for p in range(view.n) if view.twin[p] in dict(mix))) for mix in fours}) == \
+        [(0, 1, 2, 3), (4, 5, 6, 7)]
+
+
+def brute_ties(problem, k: int, slack: float) -> set[tuple[int, ...]]:
+    """All k-sets (positions, one class member per count) within slack of the minimum."""
+    reps = [group for group in problem.members]
+    found = {}
+    for combo in combinations([p for group in reps for p in group], k):
+        counts = [sum(1 for p in combo if p in group) for group in reps]
+        if any(count < low for count, low in zip(counts, problem.lo)):
+            continue
+        per_node: dict[int, int] = {}
+        for c, count in enumerate(counts):
+            if count:
+                per_node[problem.node[c]] = per_node.get(problem.node[c], 0) + count
+        if problem.max_nodes is not None and len(per_node) > problem.max_nodes:
+            continue
+        if problem.node_cap is not None and any(v > problem.node_cap.get(node, k) for node, v in per_node.items()):
+            continue
+        objective = sum(problem.unary[c] * n for c, n in enumerate(counts))
+        objective += sum(problem.intra[c] * n * (n - 1) / 2 for c, n in enumerate(counts))
+        objective += sum(problem.inter[a][b] * counts[a] * counts[b]
+                         for a in range(len(counts)) for b in range(a + 1, len(counts)))
+        canonical = tuple(sorted(p for c, n in enumerate(counts) for p in reps[c][:n]))
+        found[canonical] = objective
+    if not found:
+        return set()
+    low = min(found.values())
+    return {c for c, value in found.items() if value <= low + slack}
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_solve_ties_lists_exactly_the_sets_within_the_slack(seed):
+    rng = random.Random(seed)
+    n = rng.randint(4, 8)
+    levels = [1.0, 2.0, 3.0]
+    weight = [[0.0] * n for _ in range(n)]
+    for a in range(n):
+        for b in range(a + 1, n):
+            weight[a][b] = weight[b][a] = rng.choice(levels)
+    node = [rng.randint(0, 2) for _ in range(n)]
+    unary = {p: rng.choice([0.0, 1e-7]) for p in range(n)}
+    must = set(rng.sample(range(n), rng.randint(0, 1)))
+    node_cap = {v: rng.randint(1, 4) for v in range(3)} if rng.random() < 0.3 else None
+    max_nodes = rng.choice([None, 1, 2])
+    problem = build_problem(list(range(n)), must, list(range(n)), node, weight, unary, node_cap, max_nodes)
+    for k in range(1, n):
+        slack = 1e-7 * k
+        ties = solve_ties(problem, k, slack)
+        expected = brute_ties(problem, k, slack)
+        if not expected:
+            assert ties is None and solve(problem, k) is None
+            continue
+        assert ties is not None and {t.members for t in ties} == expected
+        assert ties[0].objective == pytest.approx(solve(problem, k).objective)
+
+
+def test_solve_ties_gives_up_past_its_limit():
+    n = 8
+    weight = [[0.0 if a == b else 1.0 for b in range(n)] for a in range(n)]
+    problem = build_problem(list(range(n)), set(), list(range(n)), [0] * n, weight)
+    assert solve_ties(problem, 3, 1e-7, limit=10) is None  # 56 equal sets
+    assert len(solve_ties(problem, 3, 1e-7, limit=64)) == 56
