@@ -54,7 +54,7 @@ from topod.alloc.estimate import weakest
 from topod.alloc.hostview import DELTA_NODE, Census, HostView, best_set_census, host_view
 from topod.alloc.policy import PolicySettings, backpressure_penalty, packing_scale, topology_weight
 from topod.alloc.request import Decision, FreeState, Performance, Placement, Request
-from topod.alloc.search import SearchResult, build_problem, solve, solve_ties
+from topod.alloc.search import SearchResult, build_problem, solve, solve_one, solve_ties
 from topod.distance import DistanceModel
 from topod.model import Topology
 
@@ -202,8 +202,10 @@ def _search(view, candidates, must, unary, node_cap, max_nodes, k, budget,
             busy: set[int] | None = None) -> SearchResult | None:
     """The minimum-objective set; given `busy` (a grant, not a reference), the look-ahead
     chooses among the equal-cost ones."""
-    problem = build_problem(candidates, must, view.twin, view.node, view.search_weight, unary, node_cap, max_nodes)
     census = best_set_census(view) if busy is not None and DELTA_FRAG * k < DELTA_NODE / 2 else None
+    if k == 1 and not must and not census:
+        return solve_one(candidates, unary, view.node, node_cap)
+    problem = build_problem(candidates, must, view.twin, view.node, view.search_weight, unary, node_cap, max_nodes)
     if census:
         # phi < 1 per GPU, so sets within DELTA_FRAG x k differ only in the tie-break term
         ties = solve_ties(problem, k, DELTA_FRAG * k, budget=budget)
@@ -285,6 +287,16 @@ def _must(view: HostView, request: Request, eligible: list[int]) -> set[int]:
 
 def good_node_limit(view: HostView, k: int, eligible: list[int], must: set[int]) -> int:
     """The fewest NUMA nodes a k-set can span on the empty host (see 'good')."""
+    key = ("node_limit", k) if not must and len(eligible) == view.n else None
+    if key is not None and key in view.cache:
+        return view.cache[key]
+    limit = _node_limit(view, k, eligible, must)
+    if key is not None:
+        view.cache[key] = limit
+    return limit
+
+
+def _node_limit(view: HostView, k: int, eligible: list[int], must: set[int]) -> int:
     per_node: dict[int, int] = {}
     for p in eligible:
         per_node[view.node[p]] = per_node.get(view.node[p], 0) + 1
@@ -319,11 +331,9 @@ def packing_phi(view: HostView, busy: set[int], free: list[int]) -> dict[int, fl
     for p in busy:
         for key in view.groups[p]:
             free_in[key] -= 1
-    phi = {}
-    for p in free:
-        keys = view.groups[p]
-        phi[p] = sum(free_in[key] / view.group_size[key] for key in keys) / len(keys) if keys else 1.0
-    return phi
+    share = {key: count / view.group_size[key] for key, count in free_in.items()}.__getitem__
+    groups = view.groups
+    return {p: sum(map(share, groups[p])) / len(groups[p]) if groups[p] else 1.0 for p in free}
 
 
 def set_cost(view: HostView, members: list[int]) -> float:

@@ -121,6 +121,23 @@ def solve_ties(problem: Problem, k: int, slack: float, limit: int = TIE_LIMIT,
     return found if 0 < len(found) <= limit else None
 
 
+def solve_one(candidates: list[int], unary: dict[int, float], node: list[int],
+              node_cap: dict[int, int] | None = None) -> SearchResult | None:
+    """One GPU and nothing forced: the cheapest per-GPU term among the candidates whose
+    node has room, the lowest position on a tie; what solve(build_problem(...), 1) finds,
+    without building the class matrix (the API's commonest request, on every host size)."""
+    best, pick = float("inf"), -1
+    for p in candidates:
+        if node_cap is not None and node_cap.get(node[p], 1) < 1:
+            continue
+        u = unary.get(p, 0.0)
+        if u < best:
+            best, pick = u, p
+    if pick < 0:
+        return None
+    return SearchResult((pick,), best, True, 1)
+
+
 def _everything(problem: Problem, cap: list[int], k: int) -> SearchResult | None:
     """Exactly k candidates: the only set, if it meets the constraints."""
     per_node: dict[int, int] = {}
