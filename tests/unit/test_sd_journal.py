@@ -46,6 +46,8 @@ def test_field_names_are_valid_journal_names(key, name):
 @pytest.mark.parametrize(("value", "text"), [
     ("plain", "plain"), (42, "42"), (0.25, "0.25"), (True, "true"), (None, "null"),
     ([0, 1], "[0,1]"), ((2, 3), "[2,3]"), ({3, 1}, "[1,3]"), ({"b": 1, "a": 2}, '{"a":2,"b":1}'),
+    (False, "false"), (-3, "-3"), ([], "[]"), ([True, 0], "[true,0]"), ([1, "a"], '[1,"a"]'),
+    (10**30, str(10**30)), (float("nan"), "NaN"),
 ])
 def test_field_values_are_strings_or_compact_json(value, text):
     assert field_text(value) == text

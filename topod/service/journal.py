@@ -24,6 +24,7 @@ from __future__ import annotations
 import array
 import errno
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -48,9 +49,12 @@ PRIORITIES = {"critical": 2, "fatal": 2, "exception": 3, "error": 3, "warning": 
 _NOT_EVENT_FIELDS = {"event", "level", "timestamp"}
 _INVALID_FIELD_CHARS = re.compile(r"[^A-Z0-9_]")
 _MAX_FIELD_NAME = 64  # journald ignores longer field names
+_NEEDS_QUOTES = re.compile(r'[\s"=]')
+_JSON_CONSTANTS = {None: "null", True: "true", False: "false"}
 
 
 # -- pure encoding ---------------------------------------------------------------------
+@functools.lru_cache(maxsize=1024)  # a daemon logs a few dozen distinct keys, per event
 def field_name(key: str, prefix: str = FIELD_PREFIX) -> str:
     """'gpu-id' -> 'TOPOD_GPU_ID': upper-cased, anything outside [A-Z0-9_] becomes '_',
     cut at journald's 64-character limit. The prefix keeps names from starting with
@@ -64,8 +68,17 @@ def field_name(key: str, prefix: str = FIELD_PREFIX) -> str:
 def field_text(value: Any) -> str:
     """A field value as text: strings as they are, everything else as compact JSON
     (42, true, null, [0,1]) so values stay parseable from `journalctl -o json`."""
-    if isinstance(value, str):
+    kind = type(value)
+    if kind is str:
         return value
+    if kind is int:  # the common values first: no JSON encoder for them
+        return str(value)
+    if value is None or kind is bool:
+        return _JSON_CONSTANTS[value]
+    if kind is list and all(type(item) is int for item in value):
+        return "[" + ",".join(map(str, value)) + "]"
+    if isinstance(value, str):
+        return str(value)
     if isinstance(value, (set, frozenset, tuple)):
         value = sorted(value) if isinstance(value, (set, frozenset)) else list(value)
     try:
@@ -119,10 +132,13 @@ def parse_entry(data: bytes) -> list[tuple[str, bytes]]:
 
 def message_line(event: str, fields: Mapping[str, Any]) -> str:
     """'irq_moved irq=42 to=3': the event then key=value, quoting values with spaces."""
+    return _message_line(event, [(key, field_text(value)) for key, value in fields.items()])
+
+
+def _message_line(event: str, texts: list[tuple[str, str]]) -> str:
     parts = [event]
-    for key, value in fields.items():
-        text = field_text(value)
-        if not text or any(ch.isspace() or ch in "\"=" for ch in text):
+    for key, text in texts:
+        if not text or _NEEDS_QUOTES.search(text):
             text = json.dumps(text)
         parts.append(f"{key}={text}")
     return " ".join(parts)
@@ -135,12 +151,13 @@ def event_fields(event_dict: Mapping[str, Any], method_name: str = "info",
     level = str(event_dict.get("level", method_name)).lower()
     extra = {k: v for k, v in event_dict.items() if k not in _NOT_EVENT_FIELDS}
     exception = extra.pop("exception", None)
-    message = message_line(event, extra)
+    texts = [(key, field_text(value)) for key, value in extra.items()]  # each value encoded once
+    message = _message_line(event, texts)
     if exception:
         message += "\n" + str(exception).rstrip("\n")
     fields = [("MESSAGE", message), ("PRIORITY", str(PRIORITIES.get(level, 6))),
               ("SYSLOG_IDENTIFIER", identifier), ("TOPOD_EVENT", event)]
-    fields.extend((field_name(key), field_text(value)) for key, value in extra.items())
+    fields.extend((field_name(key), text) for key, text in texts)
     if exception:
         fields.append(("TOPOD_EXCEPTION", str(exception)))
     return fields
