@@ -6,7 +6,9 @@ IRQs) and a full rediscovery every second. Prints p50/p99 of both, side by side,
 ratio (goal: loaded p99 <= 2x idle p99). The IRQ balancer runs in its worker process.
 Then the issue's own row: the seed 8xH800 host as built (108 IRQs), IRQ balancing off vs
 on in dry-run at its default interval (goal: p99 within 1.5x of IRQ off). Three
-alternating runs of each; medians."""
+alternating runs of each; medians. Last, the idle daemon as a user starts it (its own
+defaults, only --root/--socket/--state-dir, on the seed host): CPU share over 20 s and
+resident memory, daemon and IRQ worker process."""
 
 from __future__ import annotations
 
@@ -76,6 +78,57 @@ def run(root: Path, work: Path, config: str, label: str) -> tuple[list[float], d
     return latencies, health
 
 
+IDLE_SECONDS = 20.0
+
+
+def idle_cost(root: Path, work: Path) -> tuple[float, dict[str, float]]:
+    """(share of one core over IDLE_SECONDS, RSS MiB per process) of the daemon and its
+    children, started with its defaults; sampled after it answers and settles."""
+    from topod.client import ApiError, Client
+
+    sock = str(work / "idle.sock")
+    daemon = subprocess.Popen([sys.executable, "-m", "topod.service.main", "--root", str(root), "--socket", sock,
+                               "--state-dir", str(work / "state-idle")], stderr=subprocess.DEVNULL,
+                              env=dict(os.environ, PYTHONPATH=str(REPO)))
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def processes() -> list[int]:
+        children = Path(f"/proc/{daemon.pid}/task/{daemon.pid}/children")
+        return [daemon.pid, *map(int, children.read_text().split())] if children.exists() else [daemon.pid]
+
+    def cpu_seconds(pids: list[int]) -> float:
+        total = 0
+        for pid in pids:
+            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+        return total / tick
+
+    try:
+        client = Client(sock)
+        for _ in range(400):
+            try:
+                client.health()
+                break
+            except (ApiError, OSError):
+                time.sleep(0.05)
+        time.sleep(5.0)  # start-up work (discovery, first IRQ cycle) is not idle
+        pids = processes()
+        before, started = cpu_seconds(pids), time.monotonic()
+        time.sleep(IDLE_SECONDS)
+        share = (cpu_seconds(pids) - before) / (time.monotonic() - started)
+        rss = {}
+        for pid in pids:
+            status = Path(f"/proc/{pid}/status").read_text()
+            kib = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:")))
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            name = "daemon" if pid == daemon.pid else "IRQ worker" if "irq_worker" in command else f"child {pid}"
+            rss[name] = kib / 1024
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(timeout=30)
+    return share, rss
+
+
 def compare(root: Path, work: Path, configs: dict[str, str], name: str) -> dict[str, tuple[float, float]]:
     """Alternating runs of each config on one host; (median p50, median p99) per config."""
     runs: dict[str, list[tuple[float, float]]] = {label: [] for label in configs}
@@ -103,6 +156,7 @@ def main() -> int:
         # IRQ on: dry-run, every other setting the daemon's default (interval, replans)
         seed_med = compare(seed, work, {"off": '[irq]\nmode = "off"\n[probe]\nenabled = false\n',
                                         "on": '[irq]\nmode = "dry-run"\n[probe]\nenabled = false\n'}, "seed")
+        idle_share, idle_rss = idle_cost(seed, work)
     load = os.getloadavg()
     print(f"host: h800-8gpu with {irqs} IRQs; {ROUND_TRIPS} single-client allocate+release round trips per run, "
           f"{REPEATS} runs each, medians; load average {load[0]:.2f}")
@@ -115,6 +169,9 @@ def main() -> int:
           f"p99 {seed_med['off'][1] * 1e3:.2f} ms; IRQ on (dry-run, default interval): "
           f"p50 {seed_med['on'][0] * 1e3:.2f} ms, p99 {seed_med['on'][1] * 1e3:.2f} ms; "
           f"ratio on/off p99 {seed_med['on'][1] / seed_med['off'][1]:.2f}x (goal <= 1.5x)")
+    memory = ", ".join(f"{name} {mib:.1f} MiB" for name, mib in idle_rss.items())
+    print(f"idle daemon, its defaults, seed h800-8gpu, {IDLE_SECONDS:.0f} s: {idle_share:.2%} of a core "
+          f"(daemon and children); RSS {memory} (irqbalance, from the issue: 0.01 %, 3.8 MiB)")
     return 0
 
 
