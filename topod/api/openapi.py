@@ -187,7 +187,8 @@ ERROR_DESCRIPTIONS = {
     415: "unsupported_media_type: a Content-Type charset other than UTF-8",
     429: "queue_full",
     500: "internal_error (or another server fault), with a request_id the daemon log carries",
-    503: "unavailable (a feature switched off), too_many_connections ([api] max_connections)",
+    503: "unavailable (a feature switched off, or still setting up after start: the message "
+         "says which), too_many_connections ([api] max_connections)",
 }
 
 

@@ -46,6 +46,7 @@ LOAD_INTERVAL = 10.0
 EXPORTS_IDLE_SECONDS = 60.0
 LIVENESS_INTERVAL = 5.0
 LIVENESS_TIMEOUT = 10.0
+PROBE_STARTING = "link probing is starting (its setup has not finished); try again in a moment"
 LEASE_EVENTS = ("lease_granted", "lease_released", "lease_revoked")
 # Events that are more than information in the journal (PRIORITY= follows the level).
 EVENT_LEVELS = {"loop_failed": "error", "lease_degraded": "warning", "config_rejected": "error",
@@ -183,7 +184,8 @@ class Daemon:
             "gpus_free": self.alloc.free_gpus(),
             "config_error": self.config_error,
             "hotplug": self.hotplug.to_json() if self.hotplug is not None else {"active": False, "mode": "starting"},
-            "irq": {**(self.irq.health() if self.irq is not None else {"mode": "off"}),
+            "irq": {**(self.irq.health() if self.irq is not None else
+                       self._irq_starting() if self._setting_up("irq") else {"mode": "off"}),
                     "withheld": self.irq_withheld},
             "container": self.container,
             "loops": self.supervisor.report(now),
@@ -192,6 +194,8 @@ class Daemon:
 
     async def irq_report(self) -> dict:
         if self.irq is None:
+            if self._setting_up("irq"):
+                return self._irq_starting()
             return {"mode": "off", "reason": "IRQ balancing not enabled ([irq] mode = \"off\")"}
         report = await self.irq.report()
         if self.irq_withheld:
@@ -200,13 +204,26 @@ class Daemon:
 
     def links_report(self) -> dict:
         if self.probe is None:
+            if self._setting_up("probe"):
+                return {"enabled": True, "starting": True, "reason": PROBE_STARTING, "links": []}
             return {"enabled": False, "reason": "link probing is disabled ([probe] enabled = false)", "links": []}
         return self.probe.report()
 
     def telemetry(self, body: Any) -> dict:
         if self.probe is None:
+            if self._setting_up("probe"):
+                raise UnavailableError(PROBE_STARTING)
             raise UnavailableError("link probing is disabled ([probe] enabled = false)")
         return self.probe.telemetry(body)
+
+    def _irq_starting(self) -> dict:
+        return {"mode": self.irq_section()["mode"], "starting": True, "reason": "IRQ balancing is starting"}
+
+    def _setting_up(self, name: str) -> bool:
+        """The config wants loop `name` and its setup has not finished (the API answers
+        from the moment the socket is bound; a loop's setup may take a moment or retry)."""
+        task = self._loops.get(name)
+        return task is not None and not task.done()
 
     def metrics_text(self) -> str:
         from topod.service.metrics_feed import render_metrics

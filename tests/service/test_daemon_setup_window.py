@@ -1,0 +1,82 @@
+"""Between READY and the end of a loop's setup the API already answers: what it says
+about that loop must be "starting", never "disabled" (a client that believed it would
+give up on a feature the config turned on)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from topod.config import parse_config
+from topod.errors import UnavailableError
+from topod.hostspec import build_host, load_builtin_spec
+from topod.service import probe_task
+from topod.service.daemon import Daemon
+
+
+def test_probe_and_irq_report_starting_until_their_setup_ends(tmp_path, monkeypatch):
+    root = build_host(load_builtin_spec("h800-8gpu"), tmp_path / "host")
+    config = parse_config('[irq]\nmode = "dry-run"\n').with_overrides(
+        root=str(root), socket=str(tmp_path / "topod.sock"), state_dir=str(tmp_path / "state"))
+    release = threading.Event()
+    real = probe_task.ProbeTask
+
+    def slow_setup(*args, **kwargs):
+        release.wait(10)  # a probe whose setup takes its time (a slow NVML init, say)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(probe_task, "ProbeTask", slow_setup)
+
+    async def until(predicate, timeout: float = 15.0) -> None:
+        deadline = asyncio.get_running_loop().time() + timeout
+        while not predicate():
+            assert asyncio.get_running_loop().time() < deadline, "timed out"
+            await asyncio.sleep(0.02)
+
+    async def drive() -> None:
+        daemon = Daemon(config)
+        running = asyncio.create_task(daemon.run())
+        try:
+            await until(lambda: "probe" in daemon._loops)
+            links = daemon.links_report()
+            assert links["enabled"] is True and links["starting"] is True and links["links"] == []
+            with pytest.raises(UnavailableError, match="starting"):
+                daemon.telemetry({"link": "p2p/gpu0/gpu1", "bytes": 268435456, "seconds": 0.011})
+            if daemon.irq is None:  # its setup may already be over; if not, it says so
+                assert (await daemon.irq_report())["starting"] is True
+                assert daemon.health()["irq"]["mode"] == "dry-run"
+            release.set()
+            await until(lambda: daemon.probe is not None and daemon.irq is not None)
+            assert "starting" not in daemon.links_report()
+            assert daemon.telemetry({"link": "p2p/gpu0/gpu1", "bytes": 268435456, "seconds": 0.011})["folded"]
+            assert "starting" not in await daemon.irq_report()
+        finally:
+            release.set()
+            daemon.stop()
+            await running
+
+    asyncio.run(drive())
+
+
+def test_a_loop_the_config_turns_off_is_reported_disabled_not_starting(tmp_path):
+    root = build_host(load_builtin_spec("h800-8gpu"), tmp_path / "host")
+    config = parse_config('[irq]\nmode = "off"\n[probe]\nenabled = false\n').with_overrides(
+        root=str(root), socket=str(tmp_path / "topod.sock"), state_dir=str(tmp_path / "state"))
+
+    async def drive() -> None:
+        daemon = Daemon(config)
+        running = asyncio.create_task(daemon.run())
+        try:
+            while daemon.api_address is None or "reaper" not in daemon._loops:
+                await asyncio.sleep(0.02)
+            assert daemon.links_report()["enabled"] is False
+            with pytest.raises(UnavailableError, match="disabled"):
+                daemon.telemetry({"link": "p2p/gpu0/gpu1", "bytes": 1, "seconds": 1.0})
+            assert (await daemon.irq_report())["mode"] == "off"
+        finally:
+            daemon.stop()
+            await running
+
+    asyncio.run(drive())
