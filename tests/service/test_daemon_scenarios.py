@@ -123,7 +123,7 @@ def test_started_with_defaults_the_daemon_is_ready_balances_irqs_and_reports_pro
                        {"reaper", "rescan", "irq", "probe", "api", "load", "exports"})
     health = s.check()
     assert health["hotplug"]["active"] is False, "a captured tree has no udev"
-    links = s.client.request("GET", "/v1/links")
+    links = _wait_until(lambda: (answer := s.client.request("GET", "/v1/links")).get("starting") is None and answer)
     assert links["enabled"] is False and "captured tree" in links["reason"]
     assert "no link probes" in s.daemon.log(), "the host_access line says so too"
     assert _wait_until(lambda: s.client.request("GET", "/v1/irqs").get("cycles", 0) >= 1 or

@@ -16,6 +16,34 @@ from topod.service import probe_task
 from topod.service.daemon import Daemon
 
 
+async def until(predicate, running: asyncio.Task, timeout: float = 15.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        if running.done():
+            running.result()  # the daemon stopped: its error, not a timeout
+            raise AssertionError("the daemon stopped on its own")
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out; the daemon is at:\n{_stacks()}")
+        await asyncio.sleep(0.02)
+
+
+def _stacks() -> str:
+    import io
+
+    out = io.StringIO()
+    for task in asyncio.all_tasks():
+        task.print_stack(file=out)
+    return out.getvalue()
+
+
+async def stopped(daemon: Daemon, running: asyncio.Task) -> None:
+    daemon.stop()
+    done, _ = await asyncio.wait({running}, timeout=30)
+    if not done:
+        raise AssertionError(f"the daemon did not stop within 30 s; it is at:\n{_stacks()}")
+    running.result()
+
+
 def test_probe_and_irq_report_starting_until_their_setup_ends(tmp_path, monkeypatch):
     root = build_host(load_builtin_spec("h800-8gpu"), tmp_path / "host")
     config = parse_config('[irq]\nmode = "dry-run"\n').with_overrides(
@@ -29,17 +57,11 @@ def test_probe_and_irq_report_starting_until_their_setup_ends(tmp_path, monkeypa
 
     monkeypatch.setattr(probe_task, "ProbeTask", slow_setup)
 
-    async def until(predicate, timeout: float = 15.0) -> None:
-        deadline = asyncio.get_running_loop().time() + timeout
-        while not predicate():
-            assert asyncio.get_running_loop().time() < deadline, "timed out"
-            await asyncio.sleep(0.02)
-
     async def drive() -> None:
         daemon = Daemon(config)
         running = asyncio.create_task(daemon.run())
         try:
-            await until(lambda: "probe" in daemon._loops)
+            await until(lambda: "probe" in daemon._loops, running)
             links = daemon.links_report()
             assert links["enabled"] is True and links["starting"] is True and links["links"] == []
             with pytest.raises(UnavailableError, match="starting"):
@@ -48,14 +70,13 @@ def test_probe_and_irq_report_starting_until_their_setup_ends(tmp_path, monkeypa
                 assert (await daemon.irq_report())["starting"] is True
                 assert daemon.health()["irq"]["mode"] == "dry-run"
             release.set()
-            await until(lambda: daemon.probe is not None and daemon.irq is not None)
+            await until(lambda: daemon.probe is not None and daemon.irq is not None, running)
             assert "starting" not in daemon.links_report()
             assert daemon.telemetry({"link": "p2p/gpu0/gpu1", "bytes": 268435456, "seconds": 0.011})["folded"]
             assert "starting" not in await daemon.irq_report()
         finally:
             release.set()
-            daemon.stop()
-            await running
+            await stopped(daemon, running)
 
     asyncio.run(drive())
 
@@ -69,14 +90,12 @@ def test_a_loop_the_config_turns_off_is_reported_disabled_not_starting(tmp_path)
         daemon = Daemon(config)
         running = asyncio.create_task(daemon.run())
         try:
-            while daemon.api_address is None or "reaper" not in daemon._loops:
-                await asyncio.sleep(0.02)
+            await until(lambda: daemon.api_address is not None and "reaper" in daemon._loops, running)
             assert daemon.links_report()["enabled"] is False
             with pytest.raises(UnavailableError, match="disabled"):
                 daemon.telemetry({"link": "p2p/gpu0/gpu1", "bytes": 1, "seconds": 1.0})
             assert (await daemon.irq_report())["mode"] == "off"
         finally:
-            daemon.stop()
-            await running
+            await stopped(daemon, running)
 
     asyncio.run(drive())

@@ -266,7 +266,8 @@ async def events(request: web.Request) -> web.StreamResponse:
         await response.write(_event_line({"event": "subscribed"}))
         while True:
             try:
-                record = await asyncio.wait_for(queue.get(), timeout=15.0)
+                async with asyncio.timeout(15.0):
+                    record = await queue.get()
             except TimeoutError:
                 record = {"event": "heartbeat"}
             await response.write(_event_line(record))

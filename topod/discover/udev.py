@@ -376,7 +376,8 @@ class UdevWatcher:
                     return None
                 waits = [t - now for t in (self.deadline(), end) if t is not None]
                 try:
-                    await asyncio.wait_for(readable.wait(), max(0.0, min(waits)) if waits else None)
+                    async with asyncio.timeout(max(0.0, min(waits)) if waits else None):
+                        await readable.wait()
                 except TimeoutError:
                     pass
         finally:

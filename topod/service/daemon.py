@@ -438,7 +438,11 @@ class Daemon:
     async def _exports_loop(self) -> None:
         async def iteration() -> None:
             try:
-                await asyncio.wait_for(self._exports_due.wait(), EXPORTS_IDLE_SECONDS)
+                # asyncio.timeout, never wait_for: on Python 3.11 wait_for returns the result
+                # when a cancel lands as the inner wait completes, and the loop then outlives
+                # the stop (the shutdown hung; see tests/unit/test_no_wait_for.py).
+                async with asyncio.timeout(EXPORTS_IDLE_SECONDS):
+                    await self._exports_due.wait()
             except TimeoutError:
                 return  # nothing changed; the beat says the loop is alive
             self._exports_due.clear()
@@ -500,7 +504,8 @@ class Daemon:
     async def _liveness_loop(self) -> None:
         """The API's beat comes from the API answering a request through its own socket."""
         async def iteration() -> float:
-            await asyncio.wait_for(self._ask_own_socket(), LIVENESS_TIMEOUT)
+            async with asyncio.timeout(LIVENESS_TIMEOUT):
+                await self._ask_own_socket()
             return LIVENESS_INTERVAL
 
         await self._supervised("api", iteration, self._deadline(LIVENESS_INTERVAL), beat_on_failure=False)

@@ -193,7 +193,8 @@ class IrqWorker:
             return
         process.stdin.close()
         try:
-            await asyncio.wait_for(process.wait(), STOP_SECONDS)
+            async with asyncio.timeout(STOP_SECONDS):
+                await process.wait()
         except TimeoutError:
             process.kill()
             await process.wait()

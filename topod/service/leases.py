@@ -282,7 +282,8 @@ class LeaseService:
                          uid=caller.uid, job=request.job, wait=service.wait_seconds)
         self._maybe_preempt(waiter)
         try:
-            lease, commit = await asyncio.wait_for(asyncio.shield(waiter.future), timeout=service.wait_seconds)
+            async with asyncio.timeout(service.wait_seconds):
+                lease, commit = await asyncio.shield(waiter.future)
         except TimeoutError:
             raise self._refuse("timeout", WaitTimeoutError(f"no GPUs became available within "
                                                            f"{service.wait_seconds:g} s"), caller,
