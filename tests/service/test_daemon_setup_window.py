@@ -92,6 +92,10 @@ def test_a_loop_the_config_turns_off_is_reported_disabled_not_starting(tmp_path)
         try:
             await until(lambda: daemon.api_address is not None and "reaper" in daemon._loops, running)
             assert daemon.links_report()["enabled"] is False
+            # the engine's per-host tables are built at start, not inside the first request
+            from topod.alloc.hostview import host_view
+
+            assert "census" in host_view(daemon.alloc.topology, daemon.alloc.distances).cache
             with pytest.raises(UnavailableError, match="disabled"):
                 daemon.telemetry({"link": "p2p/gpu0/gpu1", "bytes": 1, "seconds": 1.0})
             assert (await daemon.irq_report())["mode"] == "off"
