@@ -103,3 +103,29 @@ def test_a_loop_the_config_turns_off_is_reported_disabled_not_starting(tmp_path)
             await stopped(daemon, running)
 
     asyncio.run(drive())
+
+
+def test_a_setup_that_keeps_failing_says_why_not_just_starting(tmp_path, monkeypatch):
+    root = build_host(load_builtin_spec("h800-8gpu"), tmp_path / "host")
+    config = parse_config('[irq]\nmode = "off"\n').with_overrides(
+        root=str(root), socket=str(tmp_path / "topod.sock"), state_dir=str(tmp_path / "state"))
+
+    def broken_setup(*args, **kwargs):
+        raise RuntimeError("the probe backend would not open")
+
+    monkeypatch.setattr(probe_task, "ProbeTask", broken_setup)
+
+    async def drive() -> None:
+        daemon = Daemon(config)
+        running = asyncio.create_task(daemon.run())
+        try:
+            await until(lambda: "probe" in daemon.supervisor.failing(), running)
+            links = daemon.links_report()
+            assert links["starting"] is True and "would not open" in links["reason"]
+            with pytest.raises(UnavailableError, match="probe setup failing, retried with backoff"):
+                daemon.telemetry({"link": "p2p/gpu0/gpu1", "bytes": 1, "seconds": 1.0})
+            assert daemon.health()["status"] == "degraded"
+        finally:
+            await stopped(daemon, running)
+
+    asyncio.run(drive())

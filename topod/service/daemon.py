@@ -205,19 +205,26 @@ class Daemon:
     def links_report(self) -> dict:
         if self.probe is None:
             if self._setting_up("probe"):
-                return {"enabled": True, "starting": True, "reason": PROBE_STARTING, "links": []}
+                return {"enabled": True, "starting": True, "reason": self._starting_reason("probe", PROBE_STARTING),
+                        "links": []}
             return {"enabled": False, "reason": "link probing is disabled ([probe] enabled = false)", "links": []}
         return self.probe.report()
 
     def telemetry(self, body: Any) -> dict:
         if self.probe is None:
             if self._setting_up("probe"):
-                raise UnavailableError(PROBE_STARTING)
+                raise UnavailableError(self._starting_reason("probe", PROBE_STARTING))
             raise UnavailableError("link probing is disabled ([probe] enabled = false)")
         return self.probe.telemetry(body)
 
     def _irq_starting(self) -> dict:
-        return {"mode": self.irq_section()["mode"], "starting": True, "reason": "IRQ balancing is starting"}
+        return {"mode": self.irq_section()["mode"], "starting": True,
+                "reason": self._starting_reason("irq", "IRQ balancing is starting")}
+
+    def _starting_reason(self, name: str, starting: str) -> str:
+        """A setup that keeps failing is retried with backoff: say why, not just 'starting'."""
+        error = self.supervisor.failing().get(name)
+        return f"{name} setup failing, retried with backoff: {error}" if error else starting
 
     def _setting_up(self, name: str) -> bool:
         """The config wants loop `name` and its setup has not finished (the API answers
