@@ -327,13 +327,24 @@ def _reference(view: HostView, k: int, eligible: list[int], must: set[int], limi
 
 def packing_phi(view: HostView, busy: set[int], free: list[int]) -> dict[int, float]:
     """Per free GPU: mean share of its groups still free (1.0 = taking it breaks whole groups)."""
-    free_in = dict(view.group_size)
+    members, sizes = _group_index(view)
+    free_in = list(sizes)
     for p in busy:
-        for key in view.groups[p]:
-            free_in[key] -= 1
-    share = {key: count / view.group_size[key] for key, count in free_in.items()}.__getitem__
-    groups = view.groups
-    return {p: sum(map(share, groups[p])) / len(groups[p]) if groups[p] else 1.0 for p in free}
+        for i in members[p]:
+            free_in[i] -= 1
+    share = [count / size for count, size in zip(free_in, sizes)].__getitem__
+    return {p: sum(map(share, members[p])) / len(members[p]) if members[p] else 1.0 for p in free}
+
+
+def _group_index(view: HostView) -> tuple[list[tuple[int, ...]], list[int]]:
+    """Groups numbered once per view: per position its group numbers, and each group's
+    size (a group key is a tuple, hashed again at every lookup; an int is not)."""
+    cached = view.cache.get("group_index")
+    if cached is None:
+        number = {key: i for i, key in enumerate(view.group_size)}
+        members = [tuple(number[key] for key in keys) for keys in view.groups]
+        cached = view.cache["group_index"] = (members, list(view.group_size.values()))
+    return cached
 
 
 def set_cost(view: HostView, members: list[int]) -> float:
