@@ -23,6 +23,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from api import wait_ready  # noqa: E402  (bench/api.py: waits for a daemon to answer)
 
 ROUND_TRIPS = 1000
 REPEATS = 3
@@ -47,7 +49,7 @@ def percentile(values: list[float], share: float) -> float:
 
 
 def run(root: Path, work: Path, config: str, label: str) -> tuple[list[float], dict]:
-    from topod.client import ApiError, Client
+    from topod.client import Client
 
     (work / f"{label}.toml").write_text(config)
     sock = str(work / f"{label}.sock")
@@ -56,13 +58,8 @@ def run(root: Path, work: Path, config: str, label: str) -> tuple[list[float], d
                                "--log-format", "json"], stderr=subprocess.DEVNULL,
                               env=dict(os.environ, PYTHONPATH=str(REPO)))
     try:
+        wait_ready(sock)
         client = Client(sock)
-        for _ in range(400):
-            try:
-                client.health()
-                break
-            except ApiError:
-                time.sleep(0.05)
         time.sleep(2.0)  # let the background loops reach their steady pace
         latencies = []
         for i in range(ROUND_TRIPS + WARMUP):
@@ -84,8 +81,6 @@ IDLE_SECONDS = 20.0
 def idle_cost(root: Path, work: Path) -> tuple[float, dict[str, float]]:
     """(share of one core over IDLE_SECONDS, RSS MiB per process) of the daemon and its
     children, started with its defaults; sampled after it answers and settles."""
-    from topod.client import ApiError, Client
-
     sock = str(work / "idle.sock")
     daemon = subprocess.Popen([sys.executable, "-m", "topod.service.main", "--root", str(root), "--socket", sock,
                                "--state-dir", str(work / "state-idle")], stderr=subprocess.DEVNULL,
@@ -104,13 +99,7 @@ def idle_cost(root: Path, work: Path) -> tuple[float, dict[str, float]]:
         return total / tick
 
     try:
-        client = Client(sock)
-        for _ in range(400):
-            try:
-                client.health()
-                break
-            except (ApiError, OSError):
-                time.sleep(0.05)
+        wait_ready(sock)
         time.sleep(5.0)  # start-up work (discovery, first IRQ cycle) is not idle
         pids = processes()
         before, started = cpu_seconds(pids), time.monotonic()

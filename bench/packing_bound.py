@@ -57,8 +57,7 @@ class Ceiling:
         view = host_view(topology, distances)
         self.n = n = view.n
         self.weight = view.weight
-        self.minimum = {k: min(set_cost(self.weight, c) for c in itertools.combinations(range(n), k))
-                        for k in range(2, n + 1)}
+        self.minimum = trace_bench.exhaustive_minima(self.weight, list(range(n)))
         self.symmetries = [p for p in itertools.permutations(range(n))
                            if all(abs(self.weight[a][b] - self.weight[p[a]][p[b]]) < 1e-9
                                   for a in range(n) for b in range(a + 1, n))]

@@ -16,6 +16,14 @@ from topod.service import probe_task
 from topod.service.daemon import Daemon
 
 
+def _seed_host_config(tmp_path, text: str):
+    """The daemon as a user starts it on the seed fixture: its defaults, this config text,
+    and only root/socket/state dir overridden."""
+    root = build_host(load_builtin_spec("h800-8gpu"), tmp_path / "host")
+    return parse_config(text).with_overrides(root=str(root), socket=str(tmp_path / "topod.sock"),
+                                             state_dir=str(tmp_path / "state"))
+
+
 async def until(predicate, running: asyncio.Task, timeout: float = 15.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout
     while not predicate():
@@ -45,9 +53,7 @@ async def stopped(daemon: Daemon, running: asyncio.Task) -> None:
 
 
 def test_probe_and_irq_report_starting_until_their_setup_ends(tmp_path, monkeypatch):
-    root = build_host(load_builtin_spec("h800-8gpu"), tmp_path / "host")
-    config = parse_config('[irq]\nmode = "dry-run"\n').with_overrides(
-        root=str(root), socket=str(tmp_path / "topod.sock"), state_dir=str(tmp_path / "state"))
+    config = _seed_host_config(tmp_path, '[irq]\nmode = "dry-run"\n')
     release = threading.Event()
     real = probe_task.ProbeTask
 
@@ -82,9 +88,7 @@ def test_probe_and_irq_report_starting_until_their_setup_ends(tmp_path, monkeypa
 
 
 def test_a_loop_the_config_turns_off_is_reported_disabled_not_starting(tmp_path):
-    root = build_host(load_builtin_spec("h800-8gpu"), tmp_path / "host")
-    config = parse_config('[irq]\nmode = "off"\n[probe]\nenabled = false\n').with_overrides(
-        root=str(root), socket=str(tmp_path / "topod.sock"), state_dir=str(tmp_path / "state"))
+    config = _seed_host_config(tmp_path, '[irq]\nmode = "off"\n[probe]\nenabled = false\n')
 
     async def drive() -> None:
         daemon = Daemon(config)
@@ -106,9 +110,7 @@ def test_a_loop_the_config_turns_off_is_reported_disabled_not_starting(tmp_path)
 
 
 def test_a_setup_that_keeps_failing_says_why_not_just_starting(tmp_path, monkeypatch):
-    root = build_host(load_builtin_spec("h800-8gpu"), tmp_path / "host")
-    config = parse_config('[irq]\nmode = "off"\n').with_overrides(
-        root=str(root), socket=str(tmp_path / "topod.sock"), state_dir=str(tmp_path / "state"))
+    config = _seed_host_config(tmp_path, '[irq]\nmode = "off"\n')
 
     def broken_setup(*args, **kwargs):
         raise RuntimeError("the probe backend would not open")

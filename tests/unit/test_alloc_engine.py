@@ -12,31 +12,9 @@ from topod.alloc.engine import allocate, assess
 from topod.alloc.errors import (InsufficientGpusError, InvalidRequestError, LevelUnreachableError,
                                 UnknownGpuError)
 from topod.alloc.request import FreeState, Request
-from topod.hostspec.synthetic import HOSTS as SYNTHETIC
-from topod.hostspec.synthetic import build_synthetic
-from topod.discover import discover
 from topod.distance import DistanceModel
-from topod.host import HostRoot
-from topod.hostspec import build_host, load_builtin_spec
 
 FIXTURES = ("h800-8gpu", "pcie-8gpu", "nps4-8gpu", "dgx1-cubemesh")
-
-
-@pytest.fixture(scope="module")
-def host(tmp_path_factory):
-    cache: dict[str, tuple] = {}
-
-    def get(name: str):
-        if name not in cache:
-            if name in SYNTHETIC:
-                topology = build_synthetic(name, tmp_path_factory.mktemp(name))
-            else:
-                root = build_host(load_builtin_spec(name), tmp_path_factory.mktemp(name))
-                topology = discover(HostRoot(root), live_nvml=False)
-            cache[name] = (topology, DistanceModel(topology))
-        return cache[name]
-
-    return get
 
 
 def brute_force_min(distances: DistanceModel, candidates: list[int], k: int, must: tuple[int, ...] = ()) -> float:

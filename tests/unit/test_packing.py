@@ -14,31 +14,8 @@ from topod.alloc.engine import allocate
 from topod.alloc.hostview import best_set_census, host_view
 from topod.alloc.request import FreeState, Request
 from topod.alloc.search import build_problem, solve, solve_ties
-from topod.discover import discover
-from topod.distance import DistanceModel
-from topod.host import HostRoot
-from topod.hostspec import build_host, load_builtin_spec
-from topod.hostspec.synthetic import HOSTS as SYNTHETIC
-from topod.hostspec.synthetic import build_synthetic
 
 PACKED = ("pcie-8gpu", "nps4-8gpu", "dgx1-cubemesh")
-
-
-@pytest.fixture(scope="module")
-def host(tmp_path_factory):
-    cache: dict[str, tuple] = {}
-
-    def get(name: str):
-        if name not in cache:
-            if name in SYNTHETIC:
-                topology = build_synthetic(name, tmp_path_factory.mktemp(name))
-            else:
-                topology = discover(HostRoot(build_host(load_builtin_spec(name), tmp_path_factory.mktemp(name))),
-                                    live_nvml=False)
-            cache[name] = (topology, DistanceModel(topology))
-        return cache[name]
-
-    return get
 
 
 def grant(host_pair, busy: set[int], k: int):

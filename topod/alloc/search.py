@@ -84,7 +84,7 @@ def solve(problem: Problem, k: int, budget: int = NODE_BUDGET) -> SearchResult |
     if sum(cap) < k or sum(problem.lo) > k or k <= 0:
         return None
     if k == 1 and not any(problem.lo):
-        return _single(problem, cap)
+        return _single(problem)
     if sum(cap) == k:
         return _everything(problem, cap, k)
     neighbours = _neighbours(problem, cap)
@@ -138,14 +138,19 @@ def solve_one(candidates: list[int], unary: dict[int, float], node: list[int],
     return SearchResult((pick,), best, True, 1)
 
 
+def _fits_nodes(problem: Problem, take: dict[int, int], k: int) -> bool:
+    """Taking take[c] GPUs of each class c stays within max_nodes and every node's cap."""
+    per_node: dict[int, int] = {}
+    for c, n in take.items():
+        per_node[problem.node[c]] = per_node.get(problem.node[c], 0) + n
+    if problem.max_nodes is not None and len(per_node) > problem.max_nodes:
+        return False
+    return problem.node_cap is None or all(n <= problem.node_cap.get(v, k) for v, n in per_node.items())
+
+
 def _everything(problem: Problem, cap: list[int], k: int) -> SearchResult | None:
     """Exactly k candidates: the only set, if it meets the constraints."""
-    per_node: dict[int, int] = {}
-    for c, v in enumerate(problem.node):
-        per_node[v] = per_node.get(v, 0) + cap[c]
-    if problem.max_nodes is not None and len(per_node) > problem.max_nodes:
-        return None
-    if problem.node_cap is not None and any(n > problem.node_cap.get(v, k) for v, n in per_node.items()):
+    if not _fits_nodes(problem, dict(enumerate(cap)), k):
         return None
     m = len(cap)
     objective = sum(problem.unary[c] * cap[c] + problem.intra[c] * cap[c] * (cap[c] - 1) / 2 for c in range(m))
@@ -154,22 +159,16 @@ def _everything(problem: Problem, cap: list[int], k: int) -> SearchResult | None
     return SearchResult(members, objective, True, 1)
 
 
-def _single(problem: Problem, cap: list[int]) -> SearchResult | None:
-    """One GPU: no pairs, so the cheapest per-GPU term wins (exact, no search)."""
-    best, pick = float("inf"), -1
-    for c in range(len(cap)):
-        if problem.node_cap is not None and problem.node_cap.get(problem.node[c], 1) < 1:
-            continue
-        if problem.unary[c] < best:
-            best, pick = problem.unary[c], c
-    if pick < 0:
-        return None
-    return SearchResult((problem.members[pick][0],), best, True, 1)
+def _single(problem: Problem) -> SearchResult | None:
+    """One GPU: no pairs, so the cheapest per-GPU term wins (exact, no search); the first
+    class on a tie."""
+    cheapest = _single_ties(problem, 0.0)
+    return cheapest[0] if cheapest else None
 
 
 def _single_ties(problem: Problem, slack: float) -> list[SearchResult]:
-    open_ = [c for c in range(len(problem.members))
-             if problem.node_cap is None or problem.node_cap.get(problem.node[c], 1) >= 1]
+    """One GPU per class whose node has room, within slack of the cheapest, in class order."""
+    open_ = [c for c in range(len(problem.members)) if _fits_nodes(problem, {c: 1}, 1)]
     low = min((problem.unary[c] for c in open_), default=0.0)
     return [SearchResult((problem.members[c][0],), problem.unary[c], True, 1)
             for c in open_ if problem.unary[c] <= low + slack]
@@ -184,11 +183,7 @@ def _pair_ties(problem: Problem, cap: list[int], slack: float) -> list[SearchRes
             if (any(cap[c] < n or problem.lo[c] > n for c, n in take.items())
                     or sum(problem.lo[c] for c in take) < sum(problem.lo)):
                 continue
-            per_node: dict[int, int] = {}
-            for c, n in take.items():
-                per_node[problem.node[c]] = per_node.get(problem.node[c], 0) + n
-            cap_ok = problem.node_cap is None or all(n <= problem.node_cap.get(v, 2) for v, n in per_node.items())
-            if not cap_ok or (problem.max_nodes is not None and len(per_node) > problem.max_nodes):
+            if not _fits_nodes(problem, take, 2):
                 continue
             pair = problem.intra[a] if a == b else problem.inter[a][b]
             members = problem.members[a][:2] if a == b else [problem.members[a][0], problem.members[b][0]]
