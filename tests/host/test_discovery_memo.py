@@ -136,3 +136,54 @@ def test_another_root_starts_the_memo_afresh(host_tree):
     assert discover(HostRoot(two), live_nvml=False, memo=memo) == full(two)
     assert memo.root == str(HostRoot(two).root)
     assert len(memo.pci) == len(full(two).pci_devices)  # only the second host's functions
+
+
+def test_local_cpus_follow_a_rewritten_numa_node(host_tree):
+    # the kernel derives local_cpulist from the node: both change together, and the memo
+    # (keyed by the node just read) reads the CPUs again
+    root = host_tree("h800-8gpu")
+    memo, again = rescanning(root)
+    before = next(d for d in again().pci_devices if d.address == GPU)
+    (gpu_dir(root) / "numa_node").write_text("1\n")
+    (gpu_dir(root) / "local_cpulist").write_text("32-63\n")
+    misses = memo.misses
+    after = again()
+    device = next(d for d in after.pci_devices if d.address == GPU)
+    assert device.numa_node == 1 and device.local_cpus != before.local_cpus
+    assert list(device.local_cpus) == list(range(32, 64))
+    assert memo.misses == misses + 1  # that one function's CPUs, nothing else
+    assert after == full(root)
+
+
+def test_local_cpus_follow_cpus_going_offline(host_tree):
+    root = host_tree("h800-8gpu")
+    _memo, again = rescanning(root)
+    (root / "sys" / "devices" / "system" / "cpu" / "online").write_text("0-15\n")
+    (gpu_dir(root) / "local_cpulist").write_text("0-15\n")
+    after = again()
+    assert list(next(d for d in after.pci_devices if d.address == GPU).local_cpus) == list(range(16))
+    assert after == full(root)
+
+
+def test_a_bad_local_cpulist_is_reported_on_every_pass(host_tree):
+    root = host_tree("h800-8gpu")
+    (gpu_dir(root) / "local_cpulist").write_text("zero to three\n")
+    _memo, again = rescanning(root)
+    for _ in range(2):
+        assert any(w.code == "bad_value" and w.path.endswith("/local_cpulist") for w in again().warnings)
+
+
+def test_an_unchanged_nvml_report_is_parsed_once(host_tree):
+    from topod.discover.nvml import parse_nvml_json
+
+    root = host_tree("h800-8gpu")
+    _memo, again = rescanning(root)
+    parse_nvml_json.cache_clear()
+    again()
+    again()
+    info = parse_nvml_json.cache_info()
+    assert (info.hits, info.misses) == (1, 1)
+    # a bad file is refused on every pass, never remembered
+    (root / "nvml.json").write_text('{"gpus": 7}')
+    for _ in range(2):
+        assert any(w.code == "bad_value" and w.path == "nvml.json" and "gpus" in w.reason for w in again().warnings)

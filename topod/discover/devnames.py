@@ -20,12 +20,12 @@ def is_virtio_dir(name: str) -> bool:
 def nested_child_names(host: HostRoot, base: str, entries: frozenset[str] | None) -> list[str]:
     """Names under `block/` and under each `virtioN/{net,block}/` of a function directory
     (`entries`: its listing, None when unknown and then listed here)."""
-    listing = sorted(entries) if entries is not None else host.listdir(base)
+    listing = entries if entries is not None else host.listdir(base)
     names: list[str] = []
     if "block" in listing:
         names.extend(host.listdir(f"{base}/block"))
-    for entry in listing:
-        if is_virtio_dir(entry):
-            for sub in VIRTIO_CHILD_DIRS:
-                names.extend(host.listdir(f"{base}/{entry}/{sub}"))
+    # Only the few virtio entries are sorted: this runs for every function on every rescan.
+    for entry in sorted(e for e in listing if e.startswith("virtio") and is_virtio_dir(e)):
+        for sub in VIRTIO_CHILD_DIRS:
+            names.extend(host.listdir(f"{base}/{entry}/{sub}"))
     return names

@@ -6,8 +6,10 @@ kernel object they describe, read again only when that object's stamp changes.
 - A PCI function's identity (vendor, device, class) and its maximum link are fixed while
   its sysfs directory lives: keyed by the directory's path, device, inode and ctime (a
   function removed and added again is a new directory). Its numa_node (root may write
-  it), local CPUs, current link, driver, MSI vectors and child devices are read on every
-  pass.
+  it), current link, driver, MSI vectors and child devices are read on every pass.
+- A function's local CPUs are the kernel's CPU mask of its node (cpumask_of_node, read
+  when the file is read): kept with the directory's stamp, the numa_node just read and
+  the CPU key above, so a node rewritten or a CPU going on or offline reads them again.
 
 A read that left a warning or a read problem is never kept: the next pass reads again
 and reports again. Only the daemon's rescan loop keeps a memo; `topoctl` and the API's
@@ -39,6 +41,7 @@ class PciIdentity:
 class DiscoveryMemo:
     cpus: tuple[Any, Any] | None = None  # (key, cpus)
     pci: dict[tuple, PciIdentity] = field(default_factory=dict)
+    local_cpus: dict[tuple, tuple[Any, list[int] | None]] = field(default_factory=dict)  # stamp -> (key, cpus)
     hits: int = 0
     misses: int = 0
     root: str | None = None
@@ -46,13 +49,20 @@ class DiscoveryMemo:
 
     def begin_pass(self, root: str) -> None:
         if root != self.root:  # another host tree: nothing known carries over
-            self.cpus, self.pci, self.root = None, {}, root
+            self.cpus, self.pci, self.local_cpus, self.root = None, {}, {}, root
         self._seen = set()
 
     def end_pass(self) -> None:
         """Forget functions this pass did not see (removed ones): the memo never outgrows the host."""
         for stamp in [s for s in self.pci if s not in self._seen]:
             del self.pci[stamp]
+        for stamp in [s for s in self.local_cpus if s not in self._seen]:
+            del self.local_cpus[stamp]
+
+    @property
+    def cpu_key(self) -> Any:
+        """The key of the CPUs this pass found (None before they are read)."""
+        return self.cpus[0] if self.cpus is not None else None
 
     def cpus_for(self, key: Any, host: HostRoot, notes: Notes, read: Callable[[], T]) -> T:
         if self.cpus is not None and self.cpus[0] == key:
@@ -76,6 +86,25 @@ class DiscoveryMemo:
         value, clean = _clean_read(host, notes, read)
         if clean:
             self.pci[stamp] = value
+        return value
+
+
+    def local_cpus_for(self, stamp: tuple | None, numa_node: int | None, host: HostRoot, notes: Notes,
+                       read: Callable[[], list[int] | None]) -> list[int] | None:
+        key = (numa_node, self.cpu_key)
+        if stamp is None or key[1] is None:
+            return read()
+        self._seen.add(stamp)
+        known = self.local_cpus.get(stamp)
+        if known is not None and known[0] == key:
+            self.hits += 1
+            return list(known[1]) if known[1] is not None else None
+        self.misses += 1
+        value, clean = _clean_read(host, notes, read)
+        if clean:
+            self.local_cpus[stamp] = (key, tuple(value) if value is not None else None)
+        else:
+            self.local_cpus.pop(stamp, None)
         return value
 
 

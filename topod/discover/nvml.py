@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -47,8 +48,11 @@ def normalize_bus_id(bus_id: str) -> str:
     return f"{int(match.group(1) or '0', 16):04x}:{match.group(2)}"
 
 
+@functools.lru_cache(maxsize=1)
 def parse_nvml_json(text: str) -> NvmlReport:
-    """Parse nvml.json; raises ValueError naming the first bad field."""
+    """Parse nvml.json; raises ValueError naming the first bad field. The report is
+    immutable, so a rescan of an unchanged file reuses the last one (a failure is never
+    kept: it is raised again)."""
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:

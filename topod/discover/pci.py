@@ -233,7 +233,8 @@ def _walk_host_bridge(host: HostRoot, path: str, found: list[tuple[str, str]], n
 
 def read_functions(host: HostRoot, notes: Notes, memo: DiscoveryMemo | None = None) -> list[RawFunction]:
     """Every PCI function's attributes; with a memo (the daemon's rescan), a function's
-    identity is read again only when its directory is a new one."""
+    identity is read again only when its directory is a new one, and its local CPUs only
+    when that, its numa_node or the host's CPUs changed."""
     functions: list[RawFunction] = []
     for address, real in _function_paths(host, notes):
         root_complex, chain = _split_device_path(real)
@@ -246,10 +247,15 @@ def read_functions(host: HostRoot, notes: Notes, memo: DiscoveryMemo | None = No
         try:
             if memo is None or attrs.directory is None:
                 identity = _read_identity(attrs)
+                numa_node = attrs.int_value("numa_node")
+                local_cpus = _read_local_cpus(attrs)
             else:
                 stamp = directory_stamp(real, attrs.directory.fd)
                 identity = memo.pci_identity(stamp, host, notes, lambda: _read_identity(attrs))
-            functions.append(_read_function(host, address, real, root_complex, chain, attrs, identity))
+                numa_node = attrs.int_value("numa_node")
+                local_cpus = memo.local_cpus_for(stamp, numa_node, host, notes, lambda: _read_local_cpus(attrs))
+            functions.append(_read_function(host, address, real, root_complex, chain, attrs,
+                                            identity, numa_node, local_cpus))
         finally:
             attrs.close()
     known = {f.address for f in functions}
@@ -262,7 +268,8 @@ def read_functions(host: HostRoot, notes: Notes, memo: DiscoveryMemo | None = No
 
 
 def _read_function(host: HostRoot, address: str, real: str, root_complex: str, chain: list[str],
-                   attrs: _Attrs, identity: PciIdentity) -> RawFunction:
+                   attrs: _Attrs, identity: PciIdentity, numa_node: int | None,
+                   local_cpus: list[int] | None) -> RawFunction:
     names, has_ib = _child_names(attrs)
     driver_link = host.readlink(f"{attrs.base}/driver") if attrs.has("driver") else None
     return RawFunction(
@@ -274,8 +281,8 @@ def _read_function(host: HostRoot, address: str, real: str, root_complex: str, c
         device=identity.device,
         class_code=identity.class_code,
         driver=driver_link.rsplit("/", 1)[-1] if driver_link else None,
-        numa_node_raw=attrs.int_value("numa_node"),
-        local_cpus=_read_local_cpus(attrs),
+        numa_node_raw=numa_node,
+        local_cpus=local_cpus,
         link=_read_link(attrs, identity),
         msi_irqs=_read_msi_irqs(attrs),
         names=names,
