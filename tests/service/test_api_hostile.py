@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -297,3 +298,25 @@ def test_descriptor_exhaustion_neither_crashes_nor_floods_the_log(daemon_factory
     assert log.count('"accept_failed"') <= 5
     assert log.count('"connection_refused"') <= 3
     assert "max_connections_lowered" in log
+
+
+def test_a_nan_in_a_stored_lease_is_answered_as_null(daemon_factory):
+    # an older state file (or a bug) left NaN in a lease row: the row reads back, and every
+    # answer that carries the lease stays strict JSON, the value null
+    import sqlite3
+
+    daemon = daemon_factory(config='[irq]\nmode = "off"\n[probe]\nenabled = false\n')
+    lease = daemon.start().allocate(1, job="nan")
+    assert daemon.stop() == 0
+    db = sqlite3.connect(Path(daemon.state) / "leases.sqlite3")
+    body = json.loads(db.execute("SELECT body FROM leases WHERE id = ?", (lease["id"],)).fetchone()[0])
+    body["decision"]["satisfaction"] = float("nan")
+    db.execute("UPDATE leases SET body = ? WHERE id = ?", (json.dumps(body), lease["id"]))
+    db.commit()
+    db.close()
+    daemon.start()
+    [listed] = _leases(daemon.socket)
+    status, _, raw, _ = _exchange(daemon.socket, _get(f"/v1/leases/{lease['id']}"))
+    assert status == 200
+    for answer in (listed, _strict_json(raw)):
+        assert answer["id"] == lease["id"] and answer["decision"]["satisfaction"] is None

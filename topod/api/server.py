@@ -67,6 +67,7 @@ class Backend(Protocol):
     def telemetry(self, body: Any) -> dict: ...
     def metrics_text(self) -> str: ...
     def lease_json(self, lease) -> dict: ...
+    def lease_text(self, lease) -> str | None: ...
 
 
 def dumps(value: Any) -> str:
@@ -90,6 +91,15 @@ def _finite(value: Any) -> Any:
 
 def json_response(data: Any, status: int = 200, headers: dict | None = None) -> web.Response:
     return web.json_response(data, status=status, headers=headers, dumps=dumps)
+
+
+def lease_response(backend: Backend, lease: Any, status: int = 200) -> web.Response:
+    """A lease as JSON: the text its write encoded when there is one (one encoding per
+    lease version), else json_of encoded here."""
+    text = backend.lease_text(lease)
+    if text is None:
+        return json_response(backend.lease_json(lease), status=status)
+    return web.Response(text=text, status=status, content_type="application/json")
 
 
 def status_of(code: str) -> int:
@@ -214,7 +224,11 @@ async def topology(request: web.Request) -> web.Response:
 
 async def list_leases(request: web.Request) -> web.Response:
     backend = request.app["backend"]
-    return json_response({"leases": [backend.lease_json(lease) for lease in backend.alloc.leases()]})
+    parts = []
+    for lease in backend.alloc.leases():
+        text = backend.lease_text(lease)
+        parts.append(text if text is not None else dumps(backend.lease_json(lease)))
+    return web.Response(text='{"leases": [' + ", ".join(parts) + "]}", content_type="application/json")
 
 
 async def create_lease(request: web.Request) -> web.Response:
@@ -223,7 +237,7 @@ async def create_lease(request: web.Request) -> web.Response:
     body = await read_json(request)
     # A queued request belongs to its connection: the service grants only while it is open.
     lease = await backend.alloc.allocate(body, who, connected=lambda: _connected(request))
-    return json_response(backend.lease_json(lease), status=201)
+    return lease_response(backend, lease, status=201)
 
 
 def _connected(request: web.Request) -> bool:
@@ -233,7 +247,7 @@ def _connected(request: web.Request) -> bool:
 
 async def get_lease(request: web.Request) -> web.Response:
     backend = request.app["backend"]
-    return json_response(backend.lease_json(backend.alloc.get(request.match_info["id"])))
+    return lease_response(backend, backend.alloc.get(request.match_info["id"]))
 
 
 async def delete_lease(request: web.Request) -> web.Response:
@@ -248,7 +262,7 @@ async def renew_lease(request: web.Request) -> web.Response:
     body = await read_json(request, optional=True)
     ttl = validate_renew_body(body, request_limits(backend))
     lease = await backend.alloc.renew(request.match_info["id"], who, ttl)
-    return json_response(backend.lease_json(lease))
+    return lease_response(backend, lease)
 
 
 async def revoke_lease(request: web.Request) -> web.Response:

@@ -154,6 +154,9 @@ class Daemon:
     def lease_json(self, lease) -> dict:  # noqa: ANN001 - Lease
         return self.store.json_of(lease)
 
+    def lease_text(self, lease) -> str | None:  # noqa: ANN001 - Lease
+        return self.store.answer_text(lease)
+
     def degraded(self) -> list[str]:
         """Why the daemon is not fully well, one line each (empty: it is)."""
         now = time.monotonic()

@@ -63,6 +63,17 @@ class LeaseConflictError(TopodError):
     code = "gpu_already_leased"
 
 
+
+def _encode(body: dict[str, Any]) -> tuple[str, str | None]:
+    """(the row's text, the answer's text): one encoding for both when every number is
+    finite, as it always is in practice. A NaN is stored as it was (the row reads back
+    the same) and the answer is left to the API, which sends null for it."""
+    try:
+        text = json.dumps(body, allow_nan=False)
+    except ValueError:
+        return json.dumps(body), None
+    return text, text
+
 class LeaseStoreError(TopodError):
     """The lease database could not be written: the change was undone."""
 
@@ -104,7 +115,8 @@ class LeaseStore:
         # The database is the truth; the mirror spares a query per read and lets a
         # decision see changes whose commit is still in flight.
         self._cache: dict[str, Lease] = {lease.id: lease for lease in self._load()}
-        self._json: dict[str, tuple[Lease, dict[str, Any]]] = {}
+        # lease id -> (that version of the lease, its JSON, its answer text or None)
+        self._json: dict[str, tuple[Lease, dict[str, Any], str | None]] = {}
         self._holder: dict[str, str] = {address: lease.id for lease in self._cache.values()
                                          for address in lease.addresses}
         self._cpus: dict[int, int] = {}  # CPU -> leases holding it (an 'any' fallback may share)
@@ -184,8 +196,14 @@ class LeaseStore:
             return cached[1]
         body = lease.to_json()
         if self._cache.get(lease.id) is lease:
-            self._json[lease.id] = (lease, body)
+            self._json[lease.id] = (lease, body, None)
         return body
+
+    def answer_text(self, lease: Lease) -> str | None:
+        """The lease's JSON text as an answer sends it, when the write already encoded it
+        (None: the caller encodes json_of)."""
+        cached = self._json.get(lease.id)
+        return cached[2] if cached is not None and cached[0] is lease else None
 
     # -- changing -----------------------------------------------------------------
     def add(self, lease: Lease) -> asyncio.Future | None:
@@ -206,8 +224,9 @@ class LeaseStore:
                     del self._holder[address]
 
         body = lease.to_json()
-        self._json[lease.id] = (lease, body)  # the answer's JSON too: built once per lease
-        return self._queue([("INSERT INTO leases VALUES (?, ?)", (lease.id, json.dumps(body))),
+        stored, answer = _encode(body)
+        self._json[lease.id] = (lease, body, answer)  # the answer's JSON too: encoded once per lease
+        return self._queue([("INSERT INTO leases VALUES (?, ?)", (lease.id, stored)),
                             ("INSERT INTO lease_devices VALUES (?, ?)", [(a, lease.id) for a in lease.addresses])],
                            undo)
 
@@ -224,8 +243,9 @@ class LeaseStore:
                 self._cache[lease.id] = previous
 
         body = lease.to_json()
-        self._json[lease.id] = (lease, body)
-        return self._queue([("UPDATE leases SET body = ? WHERE id = ?", (json.dumps(body), lease.id))], undo)
+        stored, answer = _encode(body)
+        self._json[lease.id] = (lease, body, answer)
+        return self._queue([("UPDATE leases SET body = ? WHERE id = ?", (stored, lease.id))], undo)
 
     def remove(self, lease_id: str) -> tuple[Lease, asyncio.Future | None] | None:
         lease = self._cache.pop(lease_id, None)
