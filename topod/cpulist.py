@@ -6,11 +6,12 @@ or the host's possible CPUs) raises CpuListRangeError instead of expanding, so
 
 from __future__ import annotations
 
+import functools
 import re
 
 # More than any kernel's NR_CPUS (8,192 on the largest distribution configs).
 MAX_CPUS = 1 << 16
-_HEX_WORD = re.compile(r"^[0-9a-fA-F]{1,8}$")
+_MASK = re.compile(r"[0-9a-fA-F]{1,8}(?:,[0-9a-fA-F]{1,8})*")
 
 
 class CpuListRangeError(ValueError):
@@ -61,11 +62,23 @@ def parse_cpumask(text: str, limit: int = MAX_CPUS) -> list[int]:
     """'00000000,0000ff00' -> [8..15]. Comma-separated 32-bit hex words, most
     significant first, as in local_cpus and smp_affinity. Raises ValueError, and
     CpuListRangeError for a set bit at or beyond limit (or more words than it needs)."""
-    words = text.strip().replace("\n", "").split(",")
-    if not words or any(not _HEX_WORD.match(word) for word in words):
+    text = text.strip().replace("\n", "")
+    if len(text) > _CACHED_MASK_CHARS:
+        return list(_cpumask(text, limit))
+    return list(_cached_cpumask(text, limit))
+
+
+# A rescan reads the same masks again (every NUMA node's cpumap, padded to the kernel's
+# NR_CPUS): the parse is pure, so an unchanged mask is parsed once. Only short texts are
+# kept (a 4,096-CPU mask is 1,151 characters) and a refused one never is.
+_CACHED_MASK_CHARS = 4096
+
+
+def _cpumask(text: str, limit: int) -> tuple[int, ...]:
+    if not _MASK.fullmatch(text):
         raise ValueError(f"bad cpumask {_short(text)}")
     cpus: list[int] = []
-    for position, word in enumerate(reversed(words)):
+    for position, word in enumerate(reversed(text.split(","))):
         value = int(word, 16)
         if not value:
             continue
@@ -77,7 +90,10 @@ def parse_cpumask(text: str, limit: int = MAX_CPUS) -> list[int]:
             low = value & -value
             cpus.append(base + low.bit_length() - 1)
             value ^= low
-    return cpus
+    return tuple(cpus)
+
+
+_cached_cpumask = functools.lru_cache(maxsize=1024)(_cpumask)
 
 
 def _short(text: str, width: int = 48) -> str:

@@ -94,3 +94,23 @@ def test_cpulist_and_cpumask_round_trip_any_set(cpus):
     value = sum(1 << cpu for cpu in cpus)
     words = [f"{(value >> (32 * i)) & 0xFFFFFFFF:08x}" for i in reversed(range(128))]
     assert parse_cpumask(",".join(words), limit=4096) == sorted(cpus)
+
+
+def test_a_mask_parsed_again_is_a_fresh_list_and_a_bad_one_is_refused_every_time():
+    from topod.cpulist import parse_cpumask
+
+    first = parse_cpumask("00000000,0000ff00")
+    first.append(99)  # a caller's change never reaches the next caller
+    assert parse_cpumask("00000000,0000ff00") == list(range(8, 16))
+    for _ in range(2):
+        with pytest.raises(ValueError, match="bad cpumask"):
+            parse_cpumask("0000zz00")
+        with pytest.raises(CpuListRangeError):
+            parse_cpumask("ff", limit=4)
+    # the limit is part of what is remembered: a mask fine under one limit is not under another
+    assert parse_cpumask("0f", limit=4) == [0, 1, 2, 3]
+    with pytest.raises(CpuListRangeError):
+        parse_cpumask("0f", limit=3)
+    # a long mask (over the cached length) parses the same way
+    long_mask = ",".join(["00000000"] * 600 + ["00000001"])
+    assert parse_cpumask(long_mask) == [0]

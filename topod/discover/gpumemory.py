@@ -41,5 +41,5 @@ def link_gpu_memory(gpus: list[Gpu], report: NvmlReport | None, nodes: list[Numa
     linked = [replace(gpu, memory_numa_node=guesses[gpu.index], memory_numa_source="sysfs-heuristic")
               if gpu.index in guesses else gpu for gpu in linked]
     owner = {gpu.memory_numa_node: gpu.index for gpu in linked if gpu.memory_numa_node is not None}
-    nodes = [replace(node, gpu=owner.get(node.id)) for node in nodes]
+    nodes = [node if node.gpu == owner.get(node.id) else replace(node, gpu=owner.get(node.id)) for node in nodes]
     return linked, nodes

@@ -43,17 +43,21 @@ def read_numa_nodes(host: HostRoot, online_cpus: set[int], notes: Notes) -> list
         memory = parse_meminfo_total(meminfo) if meminfo is not None else None
         if memory is None:
             notes.add("missing_value", f"{base}/meminfo", "no MemTotal; memory size unknown")
+        cpus = tuple(cpu for cpu in listed if cpu in online_cpus)
         nodes.append(
             NumaNode(
                 id=node_id,
-                cpus=tuple(cpu for cpu in listed if cpu in online_cpus),
+                cpus=cpus,
                 distances=distances,
                 memory_bytes=memory,
                 listed_cpus=tuple(listed),
+                local_cpus=cpus,
                 hugepages=read_node_hugepages(host, base, notes),
             )
         )
-    return [replace(node, local_cpus=near_cpus_of_memory_node(node, nodes)) for node in nodes]
+    # A node with CPUs is its own local set (set above); only CPU-less ones look further.
+    return [node if node.cpus else replace(node, local_cpus=near_cpus_of_memory_node(node, nodes))
+            for node in nodes]
 
 
 def _read_node_cpus(host: HostRoot, base: str, notes: Notes) -> list[int]:
