@@ -21,7 +21,10 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
+
+TYPE_CHECKING = False  # annotations only: pathlib is imported where a Path is made
+if TYPE_CHECKING:
+    from pathlib import Path
 
 from topod.errors import (
     HostFileMissingError,
@@ -115,12 +118,28 @@ def _os_failure(rel: str, exc: OSError) -> HostReadError:
     return _fail(HostFileUnreadableError, rel, f"{reason} (errno {errno.errorcode.get(code, code)})")
 
 
+
+def path_text(path: str | os.PathLike[str]) -> str:
+    """str(pathlib.PurePosixPath(path)), without importing pathlib (with the urllib.parse
+    and ipaddress it pulls in, ~5 ms of every topoctl start): empty and '.' parts dropped,
+    '..' kept, a leading '//' kept as POSIX allows, '.' for nothing."""
+    text = os.fspath(path)
+    if not isinstance(text, str):
+        raise TypeError(f"expected a str path, not {type(text).__name__}")
+    if text.startswith("//") and not text.startswith("///"):
+        lead = "//"
+    else:
+        lead = "/" if text.startswith("/") else ""
+    parts = [part for part in text.split("/") if part and part != "."]
+    return lead + "/".join(parts) if lead or parts else "."
+
 class HostRoot:
     """Reads (and, for /proc/irq, writes) files relative to one root directory."""
 
     def __init__(self, root: str | os.PathLike[str] = "/", *, check: bool = True) -> None:
-        self.root = Path(root)
-        self._prefix = str(self.root).rstrip("/")  # string paths: pathlib costs 15 us a join
+        self.root_text = path_text(root)  # str(Path(root)); pathlib itself is imported on use
+        self._prefix = self.root_text.rstrip("/")  # string paths: pathlib costs 15 us a join
+        self._root: Path | None = None
         self.write_fault: WriteFault | None = None
         # The most recent read problems, for any reader; discovery collects its own.
         self.read_problems: deque[ReadProblem] = deque(maxlen=PROBLEMS_KEPT)
@@ -128,6 +147,14 @@ class HostRoot:
         self._real_root: str | None = None
         if check:
             self._check_is_host_tree()
+
+    @property
+    def root(self) -> Path:
+        if self._root is None:
+            from pathlib import Path
+
+            self._root = Path(self.root_text)
+        return self._root
 
     @property
     def is_live(self) -> bool:
@@ -141,15 +168,16 @@ class HostRoot:
         return self._real_root
 
     def _check_is_host_tree(self) -> None:
-        if not self.root.is_dir():
-            raise NotAHostTreeError(f"--root {self.root}: no such directory")
-        if not (self.root / "sys/devices/system/cpu").is_dir() and not (self.root / "proc").is_dir():
+        root = self.root_text
+        if not os.path.isdir(root):
+            raise NotAHostTreeError(f"--root {root}: no such directory")
+        if not os.path.isdir(f"{self._prefix}/sys/devices/system/cpu") and not os.path.isdir(f"{self._prefix}/proc"):
             raise NotAHostTreeError(
-                f"--root {self.root}: not a host tree (expected sys/devices/system/cpu or proc/ inside it)"
+                f"--root {root}: not a host tree (expected sys/devices/system/cpu or proc/ inside it)"
             )
 
     def path(self, rel: str) -> Path:
-        return self.root / rel.lstrip("/")
+        return self.root / rel.lstrip("/")  # a Path for callers that want one; reads use _str
 
     def _str(self, rel: str) -> str:
         return f"{self._prefix}/{rel.lstrip('/')}"

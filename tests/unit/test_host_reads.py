@@ -8,6 +8,8 @@ import threading
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from topod.errors import (
     HostFileMissingError,
@@ -15,6 +17,7 @@ from topod.errors import (
     HostFileUnreadableError,
     HostPermissionError,
     HostReadError,
+    NotAHostTreeError,
     NotARegularFileError,
 )
 from topod.host import PROBLEMS_KEPT, READ_CAP, HostRoot, read_cap
@@ -232,3 +235,28 @@ def test_open_directory_reads_by_name_with_the_same_checks(root):
         assert host.open_dir("sys/devices/system/cpu/online") is None
         assert host.open_dir("nowhere") is None
     assert _codes(host) == [("not_a_regular_file", "sys/devices/system/cpu/fifo")]
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(alphabet="/.ab", max_size=12))
+def test_the_root_text_is_what_pathlib_would_print(raw):
+    # HostRoot keeps the root as text so that pathlib is imported only where a Path is
+    # wanted; the text must be exactly the Path's, or messages and paths would differ
+    from pathlib import PurePosixPath
+
+    from topod.host import path_text
+
+    assert path_text(raw) == str(PurePosixPath(raw))
+
+
+def test_a_host_root_made_without_pathlib_still_gives_a_path(tmp_path):
+    from pathlib import Path
+
+    (tmp_path / "sys" / "devices" / "system" / "cpu").mkdir(parents=True)
+    host = HostRoot(f"{tmp_path}//./")
+    assert host.root_text == str(tmp_path) and host.root == Path(tmp_path)
+    assert host.path("/proc/interrupts") == tmp_path / "proc" / "interrupts"
+    with pytest.raises(NotAHostTreeError, match=f"--root {tmp_path}/nothing: no such directory"):
+        HostRoot(tmp_path / "nothing")
+    with pytest.raises(TypeError):
+        HostRoot(b"/")

@@ -24,7 +24,7 @@ def discover(host: HostRoot, *, live_nvml: bool = True, memo: DiscoveryMemo | No
     NotAHostTreeError when the root has no CPUs at all. A memo (kept by a caller that
     rescans the same host) skips what cannot have changed since the last pass."""
     if memo is not None:
-        memo.begin_pass(str(host.root))
+        memo.begin_pass(host.root_text)
     with host.collecting_problems() as problems:
         topology = _discover(host, Notes(), problems, live_nvml, memo)
     if memo is not None:
@@ -37,7 +37,7 @@ def _discover(host: HostRoot, notes: Notes, problems: list[ReadProblem], live_nv
     facts = read_cpu_facts(host, notes)
     if not facts.present and not facts.online:
         why = f" ({problems[0].path}: {problems[0].reason})" if problems else ""
-        raise NotAHostTreeError(f"--root {host.root}: no CPUs under sys/devices/system/cpu{why}; not a host tree")
+        raise NotAHostTreeError(f"--root {host.root_text}: no CPUs under sys/devices/system/cpu{why}; not a host tree")
     nodes = apply_memory_facts(host, read_numa_nodes(host, facts.online, notes), notes)
     if not nodes:
         nodes = nodes_from_cpus_without_sysfs(facts.online, notes)
@@ -58,7 +58,7 @@ def _discover(host: HostRoot, notes: Notes, problems: list[ReadProblem], live_nv
     fabric = build_fabric(report, {gpu.address: gpu.index for gpu in gpus})
     notes.add_read_problems(problems)
     return Topology(
-        root=str(host.root),
+        root=host.root_text,
         numa_nodes=tuple(nodes),
         cpus=tuple(cpus),
         pci_devices=tuple(devices),
