@@ -185,6 +185,10 @@ def main(argv: list[str] | None = None) -> int:
             if lstopo:
                 parts.append(f"lstopo {lstopo * 1e3:.1f} ms (ratio {whole['topoctl'] / lstopo:.2f})")
                 keep_worst("topoctl/lstopo", whole["topoctl"] / lstopo, name)
+            if "baseline topoctl" in whole:
+                parts.append(f"baseline topoctl {whole['baseline topoctl'] * 1e3:.1f} ms "
+                             f"(this/baseline {whole['topoctl'] / whole['baseline topoctl']:.2f})")
+                keep_worst("topoctl this/baseline", whole["topoctl"] / whole["baseline topoctl"], name)
             if "topoctl via daemon" in whole and lstopo:
                 parts.append(f"via daemon {whole['topoctl via daemon'] * 1e3:.1f} ms "
                              f"(ratio {whole['topoctl via daemon'] / lstopo:.2f})")

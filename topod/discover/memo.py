@@ -20,12 +20,15 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
 
 from topod.discover.notes import Notes
 from topod.host import HostRoot
 
-T = TypeVar("T")
+TYPE_CHECKING = False  # typing costs ~3 ms of every topoctl start; annotations are never evaluated
+if TYPE_CHECKING:
+    from typing import Any, TypeVar
+
+    T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
