@@ -91,7 +91,6 @@ class DiscoveryMemo:
             self.pci[stamp] = value
         return value
 
-
     def local_cpus_for(self, stamp: tuple | None, numa_node: int | None, host: HostRoot, notes: Notes,
                        read: Callable[[], list[int] | None]) -> list[int] | None:
         key = (numa_node, self.cpu_key)
