@@ -6,7 +6,6 @@ or the host's possible CPUs) raises CpuListRangeError instead of expanding, so
 
 from __future__ import annotations
 
-import functools
 import re
 
 # More than any kernel's NR_CPUS (8,192 on the largest distribution configs).
@@ -63,15 +62,25 @@ def parse_cpumask(text: str, limit: int = MAX_CPUS) -> list[int]:
     significant first, as in local_cpus and smp_affinity. Raises ValueError, and
     CpuListRangeError for a set bit at or beyond limit (or more words than it needs)."""
     text = text.strip().replace("\n", "")
-    if len(text) > _CACHED_MASK_CHARS:
-        return list(_cpumask(text, limit))
-    return list(_cached_cpumask(text, limit))
+    key = (text, limit)
+    known = _MASKS.get(key)
+    if known is None:
+        known = _cpumask(text, limit)
+        if len(text) <= _CACHED_MASK_CHARS and len(known) <= _CACHED_MASK_CPUS:
+            if len(_MASKS) >= _CACHED_MASKS:
+                _MASKS.clear()
+            _MASKS[key] = known
+    return list(known)
 
 
 # A rescan reads the same masks again (every NUMA node's cpumap, padded to the kernel's
-# NR_CPUS): the parse is pure, so an unchanged mask is parsed once. Only short texts are
-# kept (a 4,096-CPU mask is 1,151 characters) and a refused one never is.
+# NR_CPUS, costs ~6 us to parse): the parse is pure, so an unchanged mask is parsed once.
+# Bounded: only short masks naming few CPUs are kept, at most _CACHED_MASKS of them
+# (a few MB at most, whatever the host), and a refused mask never is.
 _CACHED_MASK_CHARS = 4096
+_CACHED_MASK_CPUS = 512
+_CACHED_MASKS = 256
+_MASKS: dict[tuple[str, int], tuple[int, ...]] = {}
 
 
 def _cpumask(text: str, limit: int) -> tuple[int, ...]:
@@ -91,9 +100,6 @@ def _cpumask(text: str, limit: int) -> tuple[int, ...]:
             cpus.append(base + low.bit_length() - 1)
             value ^= low
     return tuple(cpus)
-
-
-_cached_cpumask = functools.lru_cache(maxsize=1024)(_cpumask)
 
 
 def _short(text: str, width: int = 48) -> str:

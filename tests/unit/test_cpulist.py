@@ -114,3 +114,15 @@ def test_a_mask_parsed_again_is_a_fresh_list_and_a_bad_one_is_refused_every_time
     # a long mask (over the cached length) parses the same way
     long_mask = ",".join(["00000000"] * 600 + ["00000001"])
     assert parse_cpumask(long_mask) == [0]
+
+
+def test_the_remembered_masks_stay_bounded_whatever_the_host_sends():
+    from topod import cpulist
+
+    for cpu in range(2 * cpulist._CACHED_MASKS):  # more distinct masks than are kept
+        assert cpulist.parse_cpumask(f"{1 << (cpu % 32):08x}" + ",00000000" * (cpu // 32)) == [cpu]
+    assert len(cpulist._MASKS) <= cpulist._CACHED_MASKS
+    cpulist._MASKS.clear()
+    everything = ",".join(["ffffffff"] * 32)  # 1,024 CPUs: parsed, not kept
+    assert len(cpulist.parse_cpumask(everything)) == 1024
+    assert not cpulist._MASKS
