@@ -6,6 +6,9 @@ each allocate one GPU and release it on a 64-GPU synthetic host (saturation: rou
 per second), one client alone (p50/p99), and an open loop: allocate+release started on a
 fixed schedule of 300 round trips per second for 10 s whatever the answers do, each
 latency counted from its scheduled start (no coordinated omission; goal p99 <= 2 ms).
+Under saturation it also reads the CPU each party spent per round trip (/proc: the
+server's event-loop thread, its other threads, its child processes; the client's own
+times), which a noisy shared machine moves far less than it moves rates.
 topod runs once more with IRQ balancing on (dry-run, default interval) for the
 saturation figure with the balancer's re-planning in play. Prints the load average too:
 a noisy machine shows there."""
@@ -146,19 +149,59 @@ def p99(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
 
 
+def server_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds so far of the server's event-loop thread (its main thread), its other
+    threads, and its child processes (the IRQ worker), from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def times(stat_path: str) -> float:
+        with open(stat_path) as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+
+    cpu = {"loop": 0.0, "threads": 0.0, "children": 0.0}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            cpu["loop" if int(tid) == pid else "threads"] += times(f"/proc/{pid}/task/{tid}/stat")
+        except OSError:  # a thread that ended meanwhile
+            pass
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as handle:
+                    if int(handle.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        cpu["children"] += times(f"/proc/{entry}/stat")
+            except (OSError, ValueError, IndexError):
+                pass
+    return cpu
+
+
+def client_cpu() -> float:
+    used = os.times()
+    return used.user + used.system
+
+
 def measure(command: list[str], sock: str, commits=None) -> dict:
     process = subprocess.Popen(command, stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                env=dict(os.environ, PYTHONPATH=str(REPO)))
     try:
         wait_ready(sock)
+        # CPU per round trip under saturation: steadier than rates on a shared VM, where the
+        # client, the event loop and the server's threads share the same two cores.
+        before, client_before = server_cpu(process.pid), client_cpu()
         rate, latencies, failures = saturate(sock)
+        after, client_after = server_cpu(process.pid), client_cpu()
+        trips = max(1, len(latencies))
+        cpu_us = {key: (after[key] - before[key]) / trips * 1e6 for key in after}
+        cpu_us["client"] = (client_after - client_before) / trips * 1e6
         alone = single(sock)
         scheduled = open_loop(sock)
         extra = commits(sock) if commits else ""
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=30)
-    return {"rate": rate, "p50_64": statistics.median(latencies), "p99_64": p99(latencies), "failures": failures,
+    return {"rate": rate, "cpu_us": cpu_us, "p50_64": statistics.median(latencies), "p99_64": p99(latencies),
+            "failures": failures,
             "p50_1": statistics.median(alone), "p99_1": p99(alone), "extra": extra,
             "p50_open": statistics.median(scheduled), "p99_open": p99(scheduled)}
 
@@ -203,6 +246,10 @@ def main() -> int:
               f"1 client: p50 {row['p50_1'] * 1e3:5.2f} ms, p99 {row['p99_1'] * 1e3:5.2f} ms | "
               f"open loop {OPEN_RATE} rt/s: p50 {row['p50_open'] * 1e3:5.2f} ms, p99 {row['p99_open'] * 1e3:5.2f} ms"
               f"{row['extra']}")
+        cpu = row["cpu_us"]
+        print(f"{'':<34} CPU per round trip at saturation: event loop {cpu['loop']:.0f} us, other threads "
+              f"{cpu['threads']:.0f} us, child processes {cpu['children']:.0f} us, client {cpu['client']:.0f} us "
+              f"(total {sum(cpu.values()):.0f} us, {sum(cpu.values()) / sum(bare['cpu_us'].values()):.2f} of bare)")
     return 0
 
 
