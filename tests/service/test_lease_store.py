@@ -364,4 +364,17 @@ def test_a_non_finite_number_is_kept_in_the_row_and_left_to_the_api_to_answer(tm
     reopened = LeaseStore(tmp_path)
     back = reopened.get("nan")
     assert back is not None and back.decision.satisfaction != back.decision.satisfaction  # NaN, read back
+    assert reopened.answer_text(back) is None and reopened.answer_text(back) is None  # asked twice: still None
+    reopened.close()
+
+
+def test_a_lease_read_back_at_start_is_encoded_once_for_all_its_answers(tmp_path):
+    store = LeaseStore(tmp_path)
+    store.add(make_lease("kept", (3,)))
+    store.close()
+    reopened = LeaseStore(tmp_path)
+    lease = reopened.get("kept")
+    first = reopened.answer_text(lease)
+    assert first is not None and json.loads(first) == reopened.json_of(lease)
+    assert reopened.answer_text(lease) is first  # the same text object: not encoded again
     reopened.close()

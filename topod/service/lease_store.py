@@ -200,10 +200,24 @@ class LeaseStore:
         return body
 
     def answer_text(self, lease: Lease) -> str | None:
-        """The lease's JSON text as an answer sends it, when the write already encoded it
-        (None: the caller encodes json_of)."""
+        """The lease's JSON text as an answer sends it: the write's own text, or (a lease
+        read back at start) encoded once here. None when the lease is not this store's
+        current version or holds a non-finite number: the caller then encodes json_of,
+        with null for NaN."""
+        if self._cache.get(lease.id) is not lease:
+            return None
         cached = self._json.get(lease.id)
-        return cached[2] if cached is not None and cached[0] is lease else None
+        if cached is None or cached[0] is not lease:
+            self.json_of(lease)
+            cached = self._json[lease.id]
+        if cached[2] is None:
+            try:
+                text = json.dumps(cached[1], allow_nan=False)
+            except ValueError:
+                text = ""  # remembered as "cannot be sent as it is"
+            cached = (lease, cached[1], text)
+            self._json[lease.id] = cached
+        return cached[2] or None
 
     # -- changing -----------------------------------------------------------------
     def add(self, lease: Lease) -> asyncio.Future | None:
