@@ -237,6 +237,52 @@ def test_open_directory_reads_by_name_with_the_same_checks(root):
     assert _codes(host) == [("not_a_regular_file", "sys/devices/system/cpu/fifo")]
 
 
+def test_a_file_its_listing_calls_regular_is_read_without_a_stat_and_still_checked(root, monkeypatch):
+    cpu = root / "sys/devices/system/cpu"
+    (cpu / "online").write_text("0-3\n")
+    (cpu / "big").write_text("x" * (READ_CAP + 1))
+    os.mkfifo(cpu / "fifo")
+    os.symlink("fifo", cpu / "link_to_fifo")
+    os.symlink("online", cpu / "link_to_online")
+    host = HostRoot(root)
+    stats: list[str] = []
+    real_stat = os.stat
+    monkeypatch.setattr(os, "stat", lambda path, *a, **k: stats.append(str(path)) or real_stat(path, *a, **k))
+    with within(5), host.open_dir("sys/devices/system/cpu") as directory:
+        assert directory.listdir() == ["big", "fifo", "link_to_fifo", "link_to_online", "online"]
+        assert directory.regular == {"big", "online"}  # by the entries' own types
+        assert directory.read_line("online") == "0-3"
+        assert stats == []  # listed regular: no stat before the open
+        assert directory.read("big") is None  # over the cap: refused (after an open of a plain file)
+        # a link or a FIFO is looked at (stat) before anything is opened, as without a listing
+        assert directory.read("fifo") is None and directory.read("link_to_fifo") is None
+        assert directory.read_line("link_to_online") == "0-3"
+        assert stats == ["fifo", "link_to_fifo", "link_to_online"]
+    assert _codes(host) == [("file_too_large", "sys/devices/system/cpu/big"),
+                            ("not_a_regular_file", "sys/devices/system/cpu/fifo"),
+                            ("not_a_regular_file", "sys/devices/system/cpu/link_to_fifo")]
+
+
+def test_a_listed_file_swapped_before_its_read_is_caught(root):
+    cpu = root / "sys/devices/system/cpu"
+    for name in ("becomes_fifo", "becomes_link", "becomes_nothing"):
+        (cpu / name).write_text("1\n")
+    (cpu / "target").write_text("2\n")
+    host = HostRoot(root)
+    with within(5), host.open_dir("sys/devices/system/cpu") as directory:
+        directory.listdir()
+        assert {"becomes_fifo", "becomes_link", "becomes_nothing"} <= directory.regular
+        (cpu / "becomes_fifo").unlink()
+        os.mkfifo(cpu / "becomes_fifo")
+        (cpu / "becomes_link").unlink()
+        os.symlink("target", cpu / "becomes_link")
+        (cpu / "becomes_nothing").unlink()
+        assert directory.read("becomes_fifo") is None  # opened without blocking, refused unread
+        assert directory.read_line("becomes_link") == "2"  # not the entry listed: looked at again
+        assert directory.read("becomes_nothing") is None  # gone: missing, silent
+    assert _codes(host) == [("not_a_regular_file", "sys/devices/system/cpu/becomes_fifo")]
+
+
 @settings(max_examples=500, deadline=None)
 @given(st.text(alphabet="/.ab", max_size=12))
 def test_the_root_text_is_what_pathlib_would_print(raw):
