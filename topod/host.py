@@ -5,10 +5,12 @@ daemon and its tests run just as well against a captured host tree as against `/
 
 Reads are defensive, because a host tree may be hostile (a captured tree from anywhere,
 or a live /sys with odd drivers): only regular files are opened (a FIFO, socket, device
-or directory is refused before it is opened), every read is capped in size, and a read
-that fails for any reason other than "not there" is recorded as a ReadProblem that
-discovery turns into a Topology warning. `read()` answers None for any failure;
-`read_bytes()` is the strict form that raises a HostReadError subclass saying which.
+or directory is refused before it is opened, by a stat or by its directory listing's entry
+type; one swapped in after that look is refused unread, by an fstat of what was opened),
+every read is capped in size, and a read that fails for any reason other than "not
+there" is recorded as a ReadProblem that discovery turns into a Topology warning.
+`read()` answers None for any failure; `read_bytes()` is the strict form that raises a
+HostReadError subclass saying which.
 """
 
 from __future__ import annotations
