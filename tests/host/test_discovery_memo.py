@@ -159,9 +159,10 @@ def test_local_cpus_follow_cpus_going_offline(host_tree):
     root = host_tree("h800-8gpu")
     _memo, again = rescanning(root)
     (root / "sys" / "devices" / "system" / "cpu" / "online").write_text("0-15\n")
-    (gpu_dir(root) / "local_cpulist").write_text("0-15\n")
+    # not the online set itself: a stale value cut to the online CPUs would not give this
+    (gpu_dir(root) / "local_cpulist").write_text("0-7\n")
     after = again()
-    assert list(next(d for d in after.pci_devices if d.address == GPU).local_cpus) == list(range(16))
+    assert list(next(d for d in after.pci_devices if d.address == GPU).local_cpus) == list(range(8))
     assert after == full(root)
 
 
