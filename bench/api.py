@@ -149,30 +149,48 @@ def p99(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
 
 
-def server_cpu(pid: int) -> dict[str, float]:
-    """CPU seconds so far of the server's event-loop thread (its main thread), its other
-    threads, and its child processes (the IRQ worker), from /proc."""
-    tick = os.sysconf("SC_CLK_TCK")
+def process_cpu(pid: int) -> float:
+    """CPU seconds so far of a process (all its threads) or, as /proc/PID/task/TID, one thread."""
+    return _stat_cpu(f"/proc/{pid}/stat")
 
-    def times(stat_path: str) -> float:
-        with open(stat_path) as handle:
-            fields = handle.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / tick  # utime + stime
 
-    cpu = {"loop": 0.0, "threads": 0.0, "children": 0.0}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            cpu["loop" if int(tid) == pid else "threads"] += times(f"/proc/{pid}/task/{tid}/stat")
-        except OSError:  # a thread that ended meanwhile
-            pass
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
+def _stat_cpu(stat_path: str) -> float:
+    with open(stat_path) as handle:
+        fields = handle.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def child_pids(pid: int) -> list[int]:
+    """The processes `pid` started (the IRQ worker)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as handle:
+            return [int(child) for child in handle.read().split()]
+    except OSError:  # a kernel without CONFIG_PROC_CHILDREN: ask every process its parent
+        found = []
+        for entry in filter(str.isdigit, os.listdir("/proc")):
             try:
                 with open(f"/proc/{entry}/stat") as handle:
                     if int(handle.read().rsplit(")", 1)[1].split()[1]) == pid:
-                        cpu["children"] += times(f"/proc/{entry}/stat")
+                        found.append(int(entry))
             except (OSError, ValueError, IndexError):
                 pass
+        return found
+
+
+def server_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds so far of the server's event-loop thread (its main thread), its other
+    threads, and its child processes (the IRQ worker), from /proc."""
+    cpu = {"loop": 0.0, "threads": 0.0, "children": 0.0}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            cpu["loop" if int(tid) == pid else "threads"] += _stat_cpu(f"/proc/{pid}/task/{tid}/stat")
+        except OSError:  # a thread that ended meanwhile
+            pass
+    for child in child_pids(pid):
+        try:
+            cpu["children"] += process_cpu(child)
+        except OSError:
+            pass
     return cpu
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from api import wait_ready  # noqa: E402  (bench/api.py: waits for a daemon to answer)
+from api import child_pids, process_cpu, wait_ready  # noqa: E402  (bench/api.py)
 
 ROUND_TRIPS = 1000
 REPEATS = 3
@@ -85,23 +85,14 @@ def idle_cost(root: Path, work: Path) -> tuple[float, dict[str, float]]:
     daemon = subprocess.Popen([sys.executable, "-m", "topod.service.main", "--root", str(root), "--socket", sock,
                                "--state-dir", str(work / "state-idle")], stderr=subprocess.DEVNULL,
                               env=dict(os.environ, PYTHONPATH=str(REPO)))
-    tick = os.sysconf("SC_CLK_TCK")
-
-    def processes() -> list[int]:
-        children = Path(f"/proc/{daemon.pid}/task/{daemon.pid}/children")
-        return [daemon.pid, *map(int, children.read_text().split())] if children.exists() else [daemon.pid]
 
     def cpu_seconds(pids: list[int]) -> float:
-        total = 0
-        for pid in pids:
-            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-            total += int(fields[11]) + int(fields[12])  # utime, stime
-        return total / tick
+        return sum(map(process_cpu, pids))
 
     try:
         wait_ready(sock)
         time.sleep(5.0)  # start-up work (discovery, first IRQ cycle) is not idle
-        pids = processes()
+        pids = [daemon.pid, *child_pids(daemon.pid)]
         before, started = cpu_seconds(pids), time.monotonic()
         time.sleep(IDLE_SECONDS)
         share = (cpu_seconds(pids) - before) / (time.monotonic() - started)

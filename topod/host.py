@@ -120,7 +120,6 @@ def _os_failure(rel: str, exc: OSError) -> HostReadError:
     return _fail(HostFileUnreadableError, rel, f"{reason} (errno {errno.errorcode.get(code, code)})")
 
 
-
 def path_text(path: str | os.PathLike[str]) -> str:
     """str(pathlib.PurePosixPath(path)), without importing pathlib (with the urllib.parse
     and ipaddress it pulls in, ~5 ms of every topoctl start): empty and '.' parts dropped,
@@ -134,6 +133,7 @@ def path_text(path: str | os.PathLike[str]) -> str:
         lead = "/" if text.startswith("/") else ""
     parts = [part for part in text.split("/") if part and part != "."]
     return lead + "/".join(parts) if lead or parts else "."
+
 
 class HostRoot:
     """Reads (and, for /proc/irq, writes) files relative to one root directory."""

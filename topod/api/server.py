@@ -93,13 +93,15 @@ def json_response(data: Any, status: int = 200, headers: dict | None = None) -> 
     return web.json_response(data, status=status, headers=headers, dumps=dumps)
 
 
-def lease_response(backend: Backend, lease: Any, status: int = 200) -> web.Response:
-    """A lease as JSON: the text its write encoded when there is one (one encoding per
-    lease version), else json_of encoded here."""
+def lease_text(backend: Backend, lease: Any) -> str:
+    """A lease as JSON text: the store's (one encoding per lease version), else json_of
+    encoded here (a lease no longer current, or one holding NaN: null for it)."""
     text = backend.lease_text(lease)
-    if text is None:
-        return json_response(backend.lease_json(lease), status=status)
-    return web.Response(text=text, status=status, content_type="application/json")
+    return text if text is not None else dumps(backend.lease_json(lease))
+
+
+def lease_response(backend: Backend, lease: Any, status: int = 200) -> web.Response:
+    return web.Response(text=lease_text(backend, lease), status=status, content_type="application/json")
 
 
 def status_of(code: str) -> int:
@@ -224,10 +226,7 @@ async def topology(request: web.Request) -> web.Response:
 
 async def list_leases(request: web.Request) -> web.Response:
     backend = request.app["backend"]
-    parts = []
-    for lease in backend.alloc.leases():
-        text = backend.lease_text(lease)
-        parts.append(text if text is not None else dumps(backend.lease_json(lease)))
+    parts = [lease_text(backend, lease) for lease in backend.alloc.leases()]
     return web.Response(text='{"leases": [' + ", ".join(parts) + "]}", content_type="application/json")
 
 

@@ -43,8 +43,8 @@ class PciIdentity:
 @dataclass
 class DiscoveryMemo:
     cpus: tuple[Any, Any] | None = None  # (key, cpus)
-    pci: dict[tuple, PciIdentity] = field(default_factory=dict)
-    local_cpus: dict[tuple, tuple[Any, list[int] | None]] = field(default_factory=dict)  # stamp -> (key, cpus)
+    pci: dict[tuple, tuple[None, PciIdentity]] = field(default_factory=dict)  # stamp -> (None, identity)
+    local_cpus: dict[tuple, tuple[Any, tuple[int, ...] | None]] = field(default_factory=dict)  # stamp -> (key, cpus)
     hits: int = 0
     misses: int = 0
     root: str | None = None
@@ -78,36 +78,37 @@ class DiscoveryMemo:
 
     def pci_identity(self, stamp: tuple | None, host: HostRoot, notes: Notes,
                      read: Callable[[], PciIdentity]) -> PciIdentity:
-        if stamp is None:
-            return read()
-        self._seen.add(stamp)
-        known = self.pci.get(stamp)
-        if known is not None:
-            self.hits += 1
-            return known
-        self.misses += 1
-        value, clean = _clean_read(host, notes, read)
-        if clean:
-            self.pci[stamp] = value
-        return value
+        return self._by_stamp(self.pci, stamp, None, host, notes, read)
 
     def local_cpus_for(self, stamp: tuple | None, numa_node: int | None, host: HostRoot, notes: Notes,
                        read: Callable[[], list[int] | None]) -> list[int] | None:
         key = (numa_node, self.cpu_key)
-        if stamp is None or key[1] is None:
+        kept = self._by_stamp(self.local_cpus, stamp if key[1] is not None else None, key, host, notes,
+                              lambda: _frozen(read()))
+        return list(kept) if kept is not None else None  # the caller's own list
+
+    def _by_stamp(self, table: dict[tuple, tuple[Any, T]], stamp: tuple | None, key: Any, host: HostRoot,
+                  notes: Notes, read: Callable[[], T]) -> T:
+        """table[stamp] = (key, value): the value read again when the stamp or the key is
+        new, and kept only when the read was clean."""
+        if stamp is None:
             return read()
         self._seen.add(stamp)
-        known = self.local_cpus.get(stamp)
+        known = table.get(stamp)
         if known is not None and known[0] == key:
             self.hits += 1
-            return list(known[1]) if known[1] is not None else None
+            return known[1]
         self.misses += 1
         value, clean = _clean_read(host, notes, read)
         if clean:
-            self.local_cpus[stamp] = (key, tuple(value) if value is not None else None)
+            table[stamp] = (key, value)
         else:
-            self.local_cpus.pop(stamp, None)
+            table.pop(stamp, None)
         return value
+
+
+def _frozen(cpus: list[int] | None) -> tuple[int, ...] | None:
+    return tuple(cpus) if cpus is not None else None
 
 
 def directory_stamp(path: str, fd: int) -> tuple | None:

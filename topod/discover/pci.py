@@ -245,12 +245,12 @@ def read_functions(host: HostRoot, notes: Notes, memo: DiscoveryMemo | None = No
         base = real.lstrip("/")
         attrs = _Attrs.of(host, base, notes)
         try:
-            if memo is None or attrs.directory is None:
+            if memo is None:
                 identity = _read_identity(attrs)
                 numa_node = attrs.int_value("numa_node")
                 local_cpus = _read_local_cpus(attrs)
             else:
-                stamp = directory_stamp(real, attrs.directory.fd)
+                stamp = directory_stamp(real, attrs.directory.fd) if attrs.directory is not None else None
                 identity = memo.pci_identity(stamp, host, notes, lambda: _read_identity(attrs))
                 numa_node = attrs.int_value("numa_node")
                 local_cpus = memo.local_cpus_for(stamp, numa_node, host, notes, lambda: _read_local_cpus(attrs))

@@ -63,17 +63,6 @@ class LeaseConflictError(TopodError):
     code = "gpu_already_leased"
 
 
-
-def _encode(body: dict[str, Any]) -> tuple[str, str | None]:
-    """(the row's text, the answer's text): one encoding for both when every number is
-    finite, as it always is in practice. A NaN is stored as it was (the row reads back
-    the same) and the answer is left to the API, which sends null for it."""
-    try:
-        text = json.dumps(body, allow_nan=False)
-    except ValueError:
-        return json.dumps(body), None
-    return text, text
-
 class LeaseStoreError(TopodError):
     """The lease database could not be written: the change was undone."""
 
@@ -211,11 +200,7 @@ class LeaseStore:
             self.json_of(lease)
             cached = self._json[lease.id]
         if cached[2] is None:
-            try:
-                text = json.dumps(cached[1], allow_nan=False)
-            except ValueError:
-                text = ""  # remembered as "cannot be sent as it is"
-            cached = (lease, cached[1], text)
+            cached = (lease, cached[1], _answer(cached[1]) or "")  # "": known not sendable as it is
             self._json[lease.id] = cached
         return cached[2] or None
 
@@ -456,6 +441,21 @@ class LeaseStore:
         except sqlite3.Error:
             pass
         self._db.close()
+
+
+def _encode(body: dict[str, Any]) -> tuple[str, str | None]:
+    """(the row's text, the answer's text): one encoding for both when every number is
+    finite, as it always is in practice. A NaN is stored as it was (the row reads back
+    the same) and the answer is left to the API, which sends null for it."""
+    answer = _answer(body)
+    return (answer if answer is not None else json.dumps(body)), answer
+
+
+def _answer(body: dict[str, Any]) -> str | None:
+    try:
+        return json.dumps(body, allow_nan=False)
+    except ValueError:
+        return None
 
 
 class _StatementFailed(Exception):
