@@ -19,9 +19,8 @@ weight through `corrections`; nothing else changes them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from topod.model import PciDevice, Topology
+from topod.record import field, record
 
 
 BASE_WEIGHTS = {"X": 0.0, "PIX": 10.0, "PXB": 20.0, "PHB": 30.0, "NODE": 40.0, "SYS": 50.0}
@@ -46,7 +45,7 @@ def sys_weight(slit: int | None) -> float:
     return BASE_WEIGHTS["SYS"] + float(extra)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Distance:
     level: str
     weight: float
@@ -85,7 +84,7 @@ def pcie_distance(topology: Topology, a: PciDevice, b: PciDevice) -> Distance:
     return Distance("SYS", sys_weight(slit), slit=slit)
 
 
-@dataclass(slots=True)
+@record(frozen=False)
 class DistanceModel:
     """Distances between the host's devices, GPUs by index, corrected by measurements."""
 

@@ -22,7 +22,6 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 TYPE_CHECKING = False  # annotations only: pathlib is imported where a Path is made
 if TYPE_CHECKING:
@@ -38,6 +37,7 @@ from topod.errors import (
     NotAHostTreeError,
     NotARegularFileError,
 )
+from topod.record import record
 
 # A write hook gets (relative path, text) and may raise OSError to simulate what a
 # kernel answers (EIO for a managed IRQ, ENOSPC for exhausted vectors, ...).
@@ -68,7 +68,7 @@ _DENIED = (errno.EACCES, errno.EPERM)
 _CHUNK = 65536
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ReadProblem:
     """A host file that is there but could not be read; code is the warning code
     (permission_denied, not_a_regular_file, file_too_large, read_error)."""

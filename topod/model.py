@@ -6,7 +6,7 @@ the exporters take it as input. Nothing here does I/O.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from topod.record import field, record
 
 # Where a PCI function's NUMA node came from, best first.
 NUMA_SOURCES = ("firmware", "local_cpus", "ancestor", "measured", "single_node", "unknown")
@@ -16,7 +16,7 @@ DEVICE_KINDS = ("gpu", "nvswitch", "rdma", "nic", "nvme", "storage", "bridge", "
 INITIATOR_SOURCES = ("cpus", "hmat-access1", "hmat-access0", "slit", "none")
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class HostWarning:
     """A guess or a skip, with the file it concerns and the reason."""
 
@@ -28,7 +28,7 @@ class HostWarning:
         return {"code": self.code, "path": self.path, "reason": self.reason}
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class HugePages:
     """One node's pool of one huge page size: nr_hugepages and free_hugepages (pages)."""
 
@@ -39,7 +39,7 @@ class HugePages:
         return {"total": self.total, "free": self.free}
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class NumaNode:
     id: int
     cpus: tuple[int, ...]  # online CPUs only
@@ -75,7 +75,7 @@ class NumaNode:
         }
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class MemoryAccess:
     """HMAT figures of a node from its best initiators: MB/s and nanoseconds."""
 
@@ -89,7 +89,7 @@ class MemoryAccess:
                 "read_latency_ns": self.read_latency, "write_latency_ns": self.write_latency}
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Cpu:
     id: int
     online: bool
@@ -120,7 +120,7 @@ class Cpu:
         }
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class PciLink:
     current_speed: str | None
     current_width: int | None
@@ -156,7 +156,7 @@ def gts(speed: str | None) -> float | None:
         return None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class PciDevice:
     address: str  # domain:bus:slot.function, e.g. 0000:18:00.0
     vendor: int | None
@@ -203,7 +203,7 @@ def _hex(value: int | None, width: int) -> str | None:
     return None if value is None else f"0x{value:0{width}x}"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class NvLink:
     link: int
     active: bool
@@ -211,7 +211,7 @@ class NvLink:
     remote_device_type: str  # gpu | switch | cpu
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Gpu:
     index: int
     address: str
@@ -264,7 +264,7 @@ class Gpu:
         }
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class C2cLink:
     """NVLink-C2C between a GPU and its CPU: one-direction GB/s and where that came from."""
 
@@ -275,7 +275,7 @@ class C2cLink:
         return {"bandwidth_gbps": self.bandwidth_gbps, "source": self.source}
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class GpuFabric:
     """A GPU's place in a multi-node NVLink domain (NVML GPU fabric info)."""
 
@@ -289,7 +289,7 @@ class GpuFabric:
                 "health": self.health}
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class NvlinkFabric:
     """NVLink as topod sees it: direct links per GPU pair, and NVSwitch islands."""
 
@@ -318,7 +318,7 @@ class NvlinkFabric:
         }
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Topology:
     root: str
     numa_nodes: tuple[NumaNode, ...]

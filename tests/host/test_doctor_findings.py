@@ -2,7 +2,6 @@
 quiet on a well-placed rank, names the files it read and gives a concrete fix."""
 
 import shutil
-from dataclasses import replace
 
 import pytest
 
@@ -23,6 +22,7 @@ from topod.hostspec.doctor_scene import (
 )
 from topod.host import HostRoot
 from topod.hostspec import build_host, load_builtin_spec
+from topod.record import replace
 
 
 @pytest.fixture(scope="module")

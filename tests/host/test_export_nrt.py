@@ -103,11 +103,11 @@ def test_a_reserved_cpu_that_is_also_leased_is_not_counted_twice(topology_of):
 
 
 def test_isolated_cpus_are_not_allocatable(topology_of):
-    import dataclasses
+    from topod.record import replace
 
     topology = topology_of("h800-8gpu")
-    cpus = tuple(dataclasses.replace(c, isolated=c.id in (4, 5, 6, 7)) for c in topology.cpus)
-    topology = dataclasses.replace(topology, cpus=cpus)
+    cpus = tuple(replace(c, isolated=c.id in (4, 5, 6, 7)) for c in topology.cpus)
+    topology = replace(topology, cpus=cpus)
     assert topology.isolated_cpus == (4, 5, 6, 7)
     cpu0 = _resources(build_nrt(topology, "n")["zones"][0])["cpu"]
     assert (cpu0["capacity"], cpu0["allocatable"]) == (32, 28)

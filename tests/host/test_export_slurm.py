@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import shutil
@@ -13,6 +12,7 @@ import pytest
 
 from topod.cpulist import parse_cpulist
 from topod.export.slurm import gpu_type, gres_lines, render_gres_conf, slurm_core_indices
+from topod.record import replace
 
 
 @pytest.fixture(scope="module")
@@ -104,8 +104,8 @@ def test_node_name_prefixes_every_line(topology_of):
 
 def test_unknown_gpu_name_and_numa_node_leave_type_and_cores_out(topology_of):
     topology = topology_of("pcie-8gpu")
-    gpus = (dataclasses.replace(topology.gpus[0], name=None, numa_node=None),) + topology.gpus[1:]
-    text = render_gres_conf(dataclasses.replace(topology, gpus=gpus))
+    gpus = (replace(topology.gpus[0], name=None, numa_node=None),) + topology.gpus[1:]
+    text = render_gres_conf(replace(topology, gpus=gpus))
     first = parse_gres(text)[0]
     assert "Type" not in first and "Cores" not in first
     assert "no Type=" in text and "no Cores=" in text

@@ -6,12 +6,11 @@ import random
 import shutil
 from pathlib import Path
 
-from dataclasses import replace
-
 from irq_helpers import Clock, Kernel, advance_interrupts, built_host, delivered, device_irqs, irq_root, managed_irqs
 
 from topod.host import HostRoot
 from topod.irq import IrqBalancer, IrqSettings
+from topod.record import replace
 
 
 def _tree(tmp_path: Path, factory, name: str = "h800-8gpu"):

@@ -3,8 +3,6 @@ reserved or leased CPUs, contiguous and L3-sharing, with the 'any' fallback mark
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 
 from topod.alloc.cores import assign_cpus
@@ -15,6 +13,7 @@ from topod.discover import discover
 from topod.distance import DistanceModel
 from topod.host import HostRoot
 from topod.hostspec import build_host, load_builtin_spec
+from topod.record import replace
 
 
 @pytest.fixture(scope="module")

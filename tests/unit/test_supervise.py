@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
 
 import pytest
 import structlog
 
+from topod.record import replace
 from topod.service.load import CpuTicks, node_load, parse_cpu_ticks
 from topod.service.state import HostState
 from topod.service.supervise import Backoff, supervise

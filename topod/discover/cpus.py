@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 from topod.cpulist import MAX_CPUS, CpuListRangeError, parse_cpulist
 from topod.discover.notes import Notes
 from topod.host import HostRoot
 from topod.model import Cpu
+from topod.record import record
 
 CPU_DIR = "sys/devices/system/cpu"
 _CPU_NAME = re.compile(r"^cpu(\d+)$")
 
 
-@dataclass(slots=True)
+@record(frozen=False)
 class CpuFacts:
     """What the CPU directory says before NUMA nodes are known."""
 

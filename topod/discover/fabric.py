@@ -8,9 +8,8 @@ GPUs' fabric facts into the host-level view exports publish.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from topod.model import C2cLink, Gpu, GpuFabric
+from topod.record import record
 
 TYPE_CHECKING = False  # typing costs ~3 ms of every topoctl start; annotations are never evaluated
 if TYPE_CHECKING:
@@ -24,7 +23,7 @@ _STATE_NAMES = {0: "not-supported", 1: "not-started", 2: "in-progress", 3: "comp
 C2C_TABLE_GBPS = {"GH200": 450.0, "GB200": 450.0, "GB300": 450.0}
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class GpuExtras:
     memory_numa_node: int | None = None
     c2c: C2cLink | None = None

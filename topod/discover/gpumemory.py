@@ -9,12 +9,11 @@ that sysfs does not list is ignored, with a warning.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from topod.discover.memory import NODE_DIR, guess_gpu_memory_nodes
 from topod.discover.notes import Notes
 from topod.discover.nvml import NvmlReport
 from topod.model import Gpu, NumaNode
+from topod.record import replace
 
 
 def link_gpu_memory(gpus: list[Gpu], report: NvmlReport | None, nodes: list[NumaNode],

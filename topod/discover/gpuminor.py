@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import replace
 
 from topod.discover.notes import Notes
 from topod.host import HostRoot
 from topod.model import Gpu
+from topod.record import replace
 
 DRIVER_GPUS_DIR = "proc/driver/nvidia/gpus"
 _BDF = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")

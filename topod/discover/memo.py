@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from topod.discover.notes import Notes
 from topod.host import HostRoot
+from topod.record import field, record
 
 TYPE_CHECKING = False  # typing costs ~3 ms of every topoctl start; annotations are never evaluated
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     T = TypeVar("T")
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class PciIdentity:
     vendor: int | None
     device: int | None
@@ -40,7 +40,7 @@ class PciIdentity:
     max_width: int | None
 
 
-@dataclass
+@record(frozen=False)
 class DiscoveryMemo:
     cpus: tuple[Any, Any] | None = None  # (key, cpus)
     pci: dict[tuple, tuple[None, PciIdentity]] = field(default_factory=dict)  # stamp -> (None, identity)

@@ -15,12 +15,12 @@ Parsing functions take text; `apply_memory_facts` takes a HostRoot and the nodes
 from __future__ import annotations
 
 import re
-from dataclasses import replace
 
 from topod.cpulist import parse_cpulist
 from topod.discover.notes import Notes
 from topod.host import HostRoot
 from topod.model import Gpu, MemoryAccess, NumaNode
+from topod.record import replace
 
 NODE_DIR = "sys/devices/system/node"
 TIER_DIR = "sys/devices/virtual/memory_tiering"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from dataclasses import replace
 
 from topod.cpulist import CpuListRangeError, parse_cpumask
 from topod.discover.cpus import read_cpulist_file
@@ -11,6 +10,7 @@ from topod.discover.hugepages import read_node_hugepages
 from topod.discover.notes import Notes
 from topod.host import HostRoot
 from topod.model import NumaNode
+from topod.record import replace
 
 NODE_DIR = "sys/devices/system/node"
 _NODE_NAME = re.compile(r"^node(\d+)$")

@@ -5,12 +5,12 @@ from __future__ import annotations
 import functools
 import json
 import re
-from dataclasses import dataclass
 
 from topod.discover.notes import Notes
 from topod.host import HostRoot
 from topod.discover.fabric import GpuExtras, live_extras, parse_extras
 from topod.model import NvLink, NvlinkFabric
+from topod.record import record
 
 TYPE_CHECKING = False  # typing costs ~3 ms of every topoctl start; annotations are never evaluated
 if TYPE_CHECKING:
@@ -20,7 +20,7 @@ NVML_FILE = "nvml.json"
 REMOTE_TYPES = ("gpu", "switch", "cpu")
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class NvmlGpu:
     index: int
     pci_bus_id: str
@@ -33,7 +33,7 @@ class NvmlGpu:
     minor_number: int | None = None  # nvmlDeviceGetMinorNumber: N of /dev/nvidiaN
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class NvmlReport:
     source: str  # nvml-live | nvml-file
     driver_version: str | None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 
 from topod.cpulist import CpuListRangeError, parse_cpulist, parse_cpumask
 from topod.discover.devnames import nested_child_names
@@ -11,6 +10,7 @@ from topod.discover.memo import DiscoveryMemo, PciIdentity, directory_stamp
 from topod.discover.notes import Notes
 from topod.host import HostDir, HostRoot
 from topod.model import NumaNode, PciDevice, PciLink
+from topod.record import field, record
 
 BUS_DIR = "sys/bus/pci/devices"
 PCI_ADDRESS = re.compile(r"^[0-9a-fA-F]{4,}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
@@ -49,7 +49,7 @@ def classify(vendor: int | None, class_code: int | None, has_infiniband: bool) -
     return "other"
 
 
-@dataclass(slots=True)
+@record(frozen=False)
 class RawFunction:
     """One PCI function as read, before switches and locality are worked out."""
 
@@ -74,7 +74,7 @@ def _quote(text: str, width: int = 40) -> str:
     return repr(text) if len(text) <= width else repr(text[:width]) + f"... ({len(text)} chars)"
 
 
-@dataclass(slots=True)
+@record(frozen=False)
 class _Attrs:
     """A function's sysfs directory, opened and listed once: its attributes are read by
     name (no path lookup each), and those the listing lacks are not tried at all."""
@@ -325,7 +325,7 @@ def collapse_chain(ancestors: list[str], upstream_ports: set[str]) -> list[str]:
     return hops
 
 
-@dataclass(slots=True)
+@record(frozen=False)
 class Locality:
     numa_node: int | None
     source: str

@@ -11,10 +11,10 @@ imports this module.
 from __future__ import annotations
 
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 
 from topod.model import NvlinkFabric, Topology
+from topod.record import replace
 
 ISLAND_LINKS = 18  # NVLink4-class links per GPU into its island's switches
 

@@ -15,17 +15,18 @@ Two checks:
   the same level on this host (needs `min_peers` of them), so no datasheet is needed.
 
 Call it with the *discovered* topology each time; it returns a new Topology built with
-dataclasses.replace and never edits its input.
+topod.record.replace and never edits its input.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from topod.distance import DistanceModel
 from topod.model import HostWarning, Topology
 from topod.probe.backend import Measurement, median
+from topod.record import replace
 
 
 @dataclass(frozen=True, slots=True)

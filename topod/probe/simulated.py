@@ -26,7 +26,7 @@ import random
 import time
 import tomllib
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from topod.distance import DistanceModel
 from topod.errors import ConfigError
 from topod.model import Topology
 from topod.probe.backend import LinkId, LinkSyntaxError, ProbeResult, ProbeSizes, ProbeUnavailable, node_end, parse_link
+from topod.record import replace
 
 DEFAULT_SIZES = ProbeSizes(small_bytes=4096, small_reps=32, large_bytes=32 << 20, large_reps=3)
 CLASS_KEYS = ("mem_local", "mem_remote", "h2d_local", "h2d_remote", "d2h_local", "d2h_remote", "p2p")

@@ -5,7 +5,6 @@ rescan interval alone. A discovery on a live root is cross-checked against udev.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
 
 import structlog
 
@@ -14,6 +13,7 @@ from topod.discover.memo import DiscoveryMemo
 from topod.discover.udev import RebuildRequest, UdevSettings, cross_check, start_watcher
 from topod.host import HostRoot
 from topod.model import Topology
+from topod.record import replace
 
 log = structlog.get_logger("topod")
 
