@@ -73,14 +73,17 @@ def _rediscovery_seconds(code: Path, root: Path) -> tuple[float, float]:
 WHOLE_RUNS = 21
 
 
-def _interleaved_medians(commands: dict[str, tuple[list[str], dict]]) -> dict[str, float]:
+def _interleaved_medians(commands: dict[str, tuple[list[str], dict]], cwd: str) -> dict[str, float]:
     """Median wall time of each command, run in turns (one of each per round), so that a
-    busy moment on this shared machine hits all of them alike."""
+    busy moment on this shared machine hits all of them alike. `python -m` puts the working
+    directory first on sys.path, ahead of PYTHONPATH: `cwd` must hold no topod package, or
+    every command would run the code found there."""
     times: dict[str, list[float]] = {label: [] for label in commands}
     for _ in range(WHOLE_RUNS):
         for label, (command, env) in commands.items():
             started = time.perf_counter()
-            subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, env=env)
+            subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, env=env,
+                           cwd=cwd)
             times[label].append(time.perf_counter() - started)
     return {label: statistics.median(values) for label, values in times.items()}
 
@@ -128,7 +131,7 @@ def whole_process_figures(name: str, root: Path, baseline: Path | None = None,
             daemon, socket_path = _start_daemon(root, Path(work))
             commands["topoctl via daemon"] = (command + ["--socket", socket_path], dict(no_daemon))
         try:
-            medians = _interleaved_medians(commands)
+            medians = _interleaved_medians(commands, cwd=work)
         finally:
             if daemon is not None:
                 daemon.terminate()
