@@ -70,6 +70,9 @@ class Backend(Protocol):
     def lease_text(self, lease) -> str | None: ...
 
 
+BACKEND = web.AppKey("backend", Backend)  # typed application key: what every handler serves from
+
+
 def dumps(value: Any) -> str:
     """Strict JSON out: a NaN or Infinity in a response (a loop that never ran, a value
     from an older state file) becomes null, so every response parses as JSON."""
@@ -150,7 +153,7 @@ async def errors_as_json(request: web.Request, handler):
 
 
 async def caller(request: web.Request):
-    backend: Backend = request.app["backend"]
+    backend: Backend = request.app[BACKEND]
     try:
         pid, uid, gid = peer_credentials(request.transport.get_extra_info("socket") if request.transport else None)
     except (PermissionError, OSError) as exc:
@@ -187,7 +190,7 @@ async def read_body(request: web.Request, limit: int) -> bytes:
 
 
 async def read_json(request: web.Request, *, optional: bool = False) -> Any:
-    limit = max_body_bytes(request.app["backend"])
+    limit = max_body_bytes(request.app[BACKEND])
     raw = await read_body(request, limit)
     return parse_body(raw, charset=request.charset, max_bytes=limit, optional=optional)
 
@@ -196,7 +199,7 @@ def routes(backend: Backend) -> web.Application:
     # read_body enforces [api] max_body_bytes per request (it follows a reload); this is
     # only aiohttp's own ceiling for request.read(), which nothing here calls.
     app = web.Application(middlewares=[errors_as_json], client_max_size=64 * 1024 * 1024)
-    app["backend"] = backend
+    app[BACKEND] = backend
     app.add_routes([
         web.get("/v1/health", health),
         web.get("/v1/topology", topology),
@@ -217,21 +220,21 @@ def routes(backend: Backend) -> web.Application:
 
 
 async def health(request: web.Request) -> web.Response:
-    return json_response(request.app["backend"].health())
+    return json_response(request.app[BACKEND].health())
 
 
 async def topology(request: web.Request) -> web.Response:
-    return json_response(request.app["backend"].topology_json())
+    return json_response(request.app[BACKEND].topology_json())
 
 
 async def list_leases(request: web.Request) -> web.Response:
-    backend = request.app["backend"]
+    backend = request.app[BACKEND]
     parts = [lease_text(backend, lease) for lease in backend.alloc.leases()]
     return web.Response(text='{"leases": [' + ", ".join(parts) + "]}", content_type="application/json")
 
 
 async def create_lease(request: web.Request) -> web.Response:
-    backend = request.app["backend"]
+    backend = request.app[BACKEND]
     who = await caller(request)
     body = await read_json(request)
     # A queued request belongs to its connection: the service grants only while it is open.
@@ -245,18 +248,18 @@ def _connected(request: web.Request) -> bool:
 
 
 async def get_lease(request: web.Request) -> web.Response:
-    backend = request.app["backend"]
+    backend = request.app[BACKEND]
     return lease_response(backend, backend.alloc.get(request.match_info["id"]))
 
 
 async def delete_lease(request: web.Request) -> web.Response:
-    backend = request.app["backend"]
+    backend = request.app[BACKEND]
     lease = await backend.alloc.release(request.match_info["id"], await caller(request))
     return json_response({"released": lease.id, "gpus": list(lease.gpus)})
 
 
 async def renew_lease(request: web.Request) -> web.Response:
-    backend = request.app["backend"]
+    backend = request.app[BACKEND]
     who = await caller(request)
     body = await read_json(request, optional=True)
     ttl = validate_renew_body(body, request_limits(backend))
@@ -265,13 +268,13 @@ async def renew_lease(request: web.Request) -> web.Response:
 
 
 async def revoke_lease(request: web.Request) -> web.Response:
-    backend = request.app["backend"]
+    backend = request.app[BACKEND]
     lease = await backend.alloc.revoke(request.match_info["id"], await caller(request))
     return json_response({"revoked": lease.id, "gpus": list(lease.gpus)})
 
 
 async def events(request: web.Request) -> web.StreamResponse:
-    bus = request.app["backend"].bus
+    bus = request.app[BACKEND].bus
     response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-cache"})
     await response.prepare(request)
     queue = bus.subscribe()
@@ -299,11 +302,11 @@ def _event_line(record: dict) -> bytes:
 
 
 async def irqs(request: web.Request) -> web.Response:
-    return json_response(await request.app["backend"].irq_report())
+    return json_response(await request.app[BACKEND].irq_report())
 
 
 async def links(request: web.Request) -> web.Response:
-    return json_response(request.app["backend"].links_report())
+    return json_response(request.app[BACKEND].links_report())
 
 
 MAX_TELEMETRY_BYTES = 2**63 - 1
@@ -316,18 +319,18 @@ async def telemetry(request: web.Request) -> web.Response:
         from topod.probe.linkstate import TelemetryError
 
         raise TelemetryError(f"telemetry: bytes must be <= {MAX_TELEMETRY_BYTES}")
-    return json_response(request.app["backend"].telemetry(body), status=202)
+    return json_response(request.app[BACKEND].telemetry(body), status=202)
 
 
 async def openapi(request: web.Request) -> web.Response:
     from topod.api.openapi import openapi_document
 
-    backend = request.app["backend"]
+    backend = request.app[BACKEND]
     return json_response(openapi_document(request_limits(backend), max_body_bytes=max_body_bytes(backend)))
 
 
 async def metrics(request: web.Request) -> web.Response:
-    text = request.app["backend"].metrics_text()
+    text = request.app[BACKEND].metrics_text()
     response = web.Response(body=text.encode())
     response.headers["Content-Type"] = "text/plain; version=0.0.4; charset=utf-8"
     return response

@@ -280,7 +280,6 @@ async def serve(daemon, config: Config, listen: socket.socket | None = None) -> 
         return int(current.get("api", "max_connections"))
 
     gate = ConnectionGate(configured, descriptor_limit())
-    app["connection_gate"] = gate  # metrics and tests read it
     runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=2.0, handler_cancellation=True,
                            **handler_kwargs)
     await runner.setup()
