@@ -98,6 +98,10 @@ def test_each_bad_construction_gets_the_error_a_dataclass_gives():
         Point(y=1)
     with pytest.raises(TypeError, match="unexpected keyword argument 'z'"):
         Point(1, 2, z=3)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'z'"):
+        Point(x=1, z=2, label="a", tags=())  # as many names as fields, one of them wrong
+    with pytest.raises(TypeError, match="missing required argument: 'y'"):
+        Point(1, label="a")
     with pytest.raises(TypeError, match="multiple values for argument 'x'"):
         Point(1, 2, x=3)
     with pytest.raises(TypeError, match="takes 5 positional arguments but 6 were given"):
@@ -186,3 +190,16 @@ def test_model_classes_are_records_with_the_dataclass_behaviour_their_users_rely
     assert replace(cpu, isolated=True).isolated and not cpu.isolated
     assert field_names(Topology)[:3] == ("root", "numa_nodes", "cpus")
     assert Topology.__match_args__[-1] == "hostname"
+
+
+def test_a_record_extends_a_record_with_its_fields_after_the_base_ones():
+    @record
+    class Labelled(Point):
+        weight: float = 1.0
+
+    heavy = Labelled(1, 2, weight=3.5)
+    assert field_names(heavy) == ("x", "y", "label", "tags", "weight")
+    assert (heavy.x, heavy.label, heavy.weight) == (1, "p", 3.5)
+    assert heavy != Point(1, 2) and replace(heavy, x=9) == Labelled(9, 2, weight=3.5)
+    with pytest.raises(FrozenInstanceError):
+        heavy.weight = 0.0

@@ -34,6 +34,8 @@ class Formatter(argparse.HelpFormatter):
                 columns = 80
             width = max(columns, 40) - 2
         super().__init__(prog, indent_increment, max_help_position, width)
+
+
 SOCKET_HELP = "daemon socket (default $TOPOD_SOCKET, else /run/topod/topod.sock)"
 ROOT_HELP = ("host root to read (a captured tree); default: the root the daemon on --socket serves, "
              "else /")
