@@ -34,6 +34,10 @@ class Field:
         self.default, self.default_factory = default, default_factory
         self.init, self.repr, self.compare = init, repr, compare
 
+    @property
+    def has_default(self) -> bool:
+        return self.default is not _MISSING or self.default_factory is not _MISSING
+
 
 def field(*, default: object = _MISSING, default_factory: object = _MISSING, init: bool = True,
           repr: bool = True, compare: bool = True) -> Field:  # noqa: A002 - dataclasses' names
@@ -95,11 +99,9 @@ def _build(cls: type, frozen: bool) -> type:
     init_names = tuple(name for name, spec in specs.items() if spec.init)
     required_seen_default = False
     for name in init_names:
-        spec = specs[name]
-        has_default = spec.default is not _MISSING or spec.default_factory is not _MISSING
-        if required_seen_default and not has_default:
+        if required_seen_default and not specs[name].has_default:
             raise TypeError(f"non-default argument {name!r} follows default argument")
-        required_seen_default = required_seen_default or has_default
+        required_seen_default = required_seen_default or specs[name].has_default
     namespace = {key: value for key, value in cls.__dict__.items()
                  if key not in names and key not in ("__dict__", "__weakref__")}
     own = tuple(name for name in names if name not in getattr(cls, "__record_fields__", ()))
@@ -137,8 +139,7 @@ def _make_init(klass: type, specs: dict[str, Field], init_names: tuple[str, ...]
     by_name = dict(zip(specs, setters))
     init_pairs = tuple((by_name[name], name) for name in init_names)
     # Fields outside __init__ start from their default or factory, as in dataclasses.
-    later = tuple((by_name[name], spec) for name, spec in specs.items()
-                  if not spec.init and (spec.default is not _MISSING or spec.default_factory is not _MISSING))
+    later = tuple((by_name[name], spec) for name, spec in specs.items() if not spec.init and spec.has_default)
     post_init = getattr(klass, "__post_init__", None)
     count = len(init_names)
     bind, argument_error = _binder(klass.__qualname__, {name: specs[name] for name in init_names})
@@ -170,7 +171,7 @@ def _binder(title: str, specs: dict[str, Field]):
     defaults = {name: spec.default for name, spec in specs.items() if spec.default is not _MISSING}
     factories = tuple((name, spec.default_factory) for name, spec in specs.items()
                       if spec.default_factory is not _MISSING)
-    optional = frozenset(defaults) | {name for name, _ in factories}
+    optional = frozenset(name for name, spec in specs.items() if spec.has_default)
 
     def argument_error(args: tuple, kwargs: dict) -> TypeError | None:
         if len(args) > len(names):

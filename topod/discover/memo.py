@@ -57,10 +57,9 @@ class DiscoveryMemo:
 
     def end_pass(self) -> None:
         """Forget functions this pass did not see (removed ones): the memo never outgrows the host."""
-        for stamp in [s for s in self.pci if s not in self._seen]:
-            del self.pci[stamp]
-        for stamp in [s for s in self.local_cpus if s not in self._seen]:
-            del self.local_cpus[stamp]
+        for table in (self.pci, self.local_cpus):
+            for stamp in [s for s in table if s not in self._seen]:
+                del table[stamp]
 
     @property
     def cpu_key(self) -> Any:
