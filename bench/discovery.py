@@ -1,8 +1,10 @@
 """Discovery speed, on every real host of the vendored corpus (tests/data/hosts) and the
 h800 fixture: whole-process `topoctl topo --json` vs `lstopo --input DIR --whole-io --of
-xml` (ratio per host; the largest host also answered by a daemon), and in-process
-rediscovery, full and with the daemon's rescan memo (nothing changed), beside lstopo's
-whole-process time. One line per host, then the worst ratios.
+xml` (ratio per host; the largest host also answered by a daemon; beside them the same
+interpreter importing json and nothing else, `python -c 'import json'`, the floor of any
+Python tool that prints JSON), and in-process rediscovery, full and with the daemon's
+rescan memo (nothing changed), beside lstopo's whole-process time. One line per host,
+then the worst ratios.
 
     python bench/discovery.py [--baseline DIR]
 
@@ -122,6 +124,9 @@ def whole_process_figures(name: str, root: Path, baseline: Path | None = None,
         no_daemon = dict(python_env, PYTHONPATH=str(REPO), TOPOD_SOCKET=str(Path(work) / "no-daemon.sock"))
         command = [sys.executable, "-m", "topod.cli.topoctl", "topo", "--root", str(root), "--json"]
         commands: dict[str, tuple[list[str], dict]] = {"topoctl": (command, no_daemon)}
+        # The floor of any Python tool that prints JSON: the same interpreter, started the
+        # same way, importing json (which brings re and enum) and doing nothing else.
+        commands["python import json"] = ([sys.executable, "-c", "import json"], no_daemon)
         if baseline is not None:
             commands["baseline topoctl"] = (command, dict(no_daemon, PYTHONPATH=str(baseline)))
         lstopo = shutil.which("lstopo")
@@ -188,6 +193,11 @@ def main(argv: list[str] | None = None) -> int:
             if lstopo:
                 parts.append(f"lstopo {lstopo * 1e3:.1f} ms (ratio {whole['topoctl'] / lstopo:.2f})")
                 keep_worst("topoctl/lstopo", whole["topoctl"] / lstopo, name)
+            start = whole["python import json"]
+            parts.append(f"python -c 'import json' {start * 1e3:.1f} ms"
+                         + (f" ({start / lstopo:.2f}× lstopo)" if lstopo else ""))
+            if lstopo:
+                keep_worst("python import json/lstopo", start / lstopo, name)
             if "baseline topoctl" in whole:
                 parts.append(f"baseline topoctl {whole['baseline topoctl'] * 1e3:.1f} ms "
                              f"(this/baseline {whole['topoctl'] / whole['baseline topoctl']:.2f})")
