@@ -153,6 +153,41 @@ def test_wrong_method_is_405_with_an_allow_header(running):
     assert set(headers["allow"].replace(" ", "").split(",")) >= {"GET", "POST"}
 
 
+MALFORMED_HTTP = [
+    # (raw request, words in aiohttp's reason, which the message carries on one line)
+    (b"GET /v1/" + b"a" * 10000 + b" HTTP/1.1\r\nHost: t\r\n\r\n", "8190 bytes"),
+    (b"GET /v1/health HTTP/1.1\r\nHost: t\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n", "8190 bytes"),
+    (b"GET /v1/health HTTP/1.1\r\nHost: t\r\n" + b"X-A: b\r\n" * 200 + b"\r\n", "Too many headers"),
+    (b"GARBAGE\r\n\r\n", "Invalid method"),
+    (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 50, "HTTPS"),
+    (b"GET /v1/health HTTP/9.9\r\n\r\n", "HTTP version"),
+    (b"POST /v1/leases HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\nZZZ\r\nabc\r\n0\r\n\r\n",
+     "chunk size"),
+    (b"POST /v1/leases HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\nContent-Length: 7\r\n\r\nabcdefg",
+     "Content-Length"),
+]
+
+
+def test_requests_that_are_not_http_get_a_json_400_and_one_log_line_not_a_traceback_each(running):
+    """aiohttp's own answer is text/plain and a traceback in the log per request: a client
+    could grow the journal by ~10 lines a request. Each gets the API's error instead, the
+    connection is closed, nothing changes, and a flood is one log line per 10 s."""
+    daemon, client, lease = running
+    before = _leases(daemon.socket)
+    for request, words in MALFORMED_HTTP * 2:
+        status, headers, raw, _ = _exchange(daemon.socket, request)
+        body = _strict_json(raw)
+        assert (status, body["code"]) == (400, "invalid_request"), body
+        assert body["message"].startswith("malformed HTTP request: ") and words in body["message"], body
+        assert "\n" not in body["message"] and len(body["message"]) < 260
+        assert headers["content-type"].startswith("application/json")  # and _exchange read to EOF: closed
+    assert _leases(daemon.socket) == before
+    logged = [json.loads(line) for line in daemon.log().splitlines() if '"http_request_malformed"' in line]
+    assert len(logged) == 1 and logged[0]["malformed_total"] == 1 and logged[0]["level"] == "warning"
+    assert "8190 bytes" in logged[0]["reason"]
+    assert "Error handling request" not in daemon.log()
+
+
 def test_a_server_fault_is_500_internal_error_with_a_request_id_and_the_traceback_only_in_the_log(
         host_tree, tmp_path):
     daemon = DaemonProcess(host_tree("h800-8gpu"), tmp_path, '[irq]\nmode = "off"\n[probe]\nenabled = false\n')

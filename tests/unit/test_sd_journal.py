@@ -253,3 +253,27 @@ def test_malformed_journal_stream_means_not_the_journal(value, tmp_path):
 
 def test_a_stream_without_a_file_descriptor_is_not_the_journal():
     assert not stderr_is_journal({"JOURNAL_STREAM": "1:2"}, io.StringIO())
+
+
+def test_a_library_record_is_one_journal_entry_with_priority_and_its_traceback_as_a_field(journald):
+    from topod.service.logsetup import LibraryLogHandler, route_library_logs
+
+    path, receive, _ = journald
+    configure_logging(True, socket_path=path, stream=io.StringIO())
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    route_library_logs(logging.INFO)
+    try:
+        try:
+            raise ValueError("line too long")
+        except ValueError as exc:
+            logging.getLogger("aiohttp.server").error("Error handling request", exc_info=exc)
+        entry = receive()
+    finally:
+        root.handlers[:] = [h for h in handlers if not isinstance(h, LibraryLogHandler)]
+        root.setLevel(level)
+        logging.captureWarnings(False)
+    assert (entry["TOPOD_EVENT"], entry["PRIORITY"], entry["TOPOD_LOGGER"]) == (b"library_log", b"3",
+                                                                                  b"aiohttp.server")
+    assert entry["TOPOD_TRACEBACK"].startswith(b"Traceback (most recent call last):")
+    assert entry["TOPOD_TRACEBACK"].rstrip().endswith(b"ValueError: line too long")

@@ -8,6 +8,10 @@ limits that keep a flood of clients from taking the daemon down:
   half-sent headers, idle keep-alive) is closed;
 - accept() failing for want of descriptors (EMFILE/ENFILE/ENOBUFS/ENOMEM) is logged once
   per burst with a count, never a traceback per attempt; asyncio retries the accept;
+- a request aiohttp cannot parse (a line over 8,190 bytes, too many headers, a bad
+  method, version or chunk, TLS bytes) gets the API's JSON error (400 `invalid_request`)
+  and a closed connection; the log says so at most once per 10 s, with a count, never a
+  traceback per request;
 - a request handler is cancelled when its client disconnects (handler_cancellation).
 """
 
@@ -25,8 +29,9 @@ from typing import Any
 import structlog
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
 
-from topod.api.server import routes
+from topod.api.server import HTTP_CODES, error_response, internal_error, routes
 from topod.config import Config, parse_listen_address
 
 log = structlog.get_logger("topod")
@@ -125,6 +130,8 @@ class ConnectionGate:
         self._burst_logged = False
         self._last_failure_log = -1e9
         self._last_refusal_log = -1e9
+        self.malformed = 0  # requests aiohttp could not parse, since start
+        self._last_malformed_log = -1e9
 
     @property
     def ceiling(self) -> int:
@@ -171,6 +178,16 @@ class ConnectionGate:
                             accept_failures_total=self.accept_failures,
                             note="asyncio retries every second; logged at most once per 10 s")
         self._burst += 1
+
+    def malformed_request(self, status: int, reason: str) -> None:
+        """A request that was not HTTP topod can parse. One line per 10 s under a flood:
+        the log must not grow with what a client sends."""
+        self.malformed += 1
+        now = self.clock()
+        if now - self._last_malformed_log >= 10.0:
+            self._last_malformed_log = now
+            log.warning("http_request_malformed", status=status, reason=reason, malformed_total=self.malformed,
+                        note="logged at most once per 10 s")
 
     def exception_handler(self, previous):
         """A loop exception handler: accept() resource errors are counted here, the rest
@@ -239,6 +256,35 @@ class GatedRequestHandler(RequestHandler):
         if self._refused is not None:
             self._refused.close()
         return False
+
+    def handle_error(self, request: BaseRequest, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        """aiohttp's answer to a request it could not parse, or to a fault outside the
+        app's middleware (which answers every handler's own). aiohttp's own logs a
+        traceback per request and answers text/plain; this answers the API's JSON error,
+        and logs a parse failure as one rate-limited line and a fault as one entry with
+        its traceback as a field."""
+        if request.writer.output_size > 0:  # part of a response went out: nothing more can
+            raise ConnectionError("response already started; cannot send an error response")
+        if status >= 500:
+            response = internal_error(request, exc if exc is not None else RuntimeError(message or "server fault"))
+        else:
+            reason = _one_line(message or (str(exc) if exc is not None else "") or "unparsable request")
+            self._gate.malformed_request(status, reason)
+            response = error_response(HTTP_CODES.get(status, "invalid_request"),
+                                      f"malformed HTTP request: {reason}", status)
+        response.force_close()
+        return response
+
+
+MALFORMED_REASON_CHARS = 200
+
+
+def _one_line(text: str) -> str:
+    """aiohttp's parse messages span lines (the bad bytes, a caret under them): one line,
+    capped, for a log field and a client's message."""
+    line = " ".join(text.split())
+    return line if len(line) <= MALFORMED_REASON_CHARS else line[:MALFORMED_REASON_CHARS] + "…"
 
 
 class GatedSockSite(web.SockSite):
