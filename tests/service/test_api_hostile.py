@@ -275,6 +275,54 @@ def test_silent_and_half_sent_connections_are_closed_after_the_idle_timeout(daem
     half.close()
 
 
+def _read_to_eof(sock: socket.socket, limit: float) -> bytes:
+    sock.settimeout(limit)
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
+def test_a_body_that_stalls_gets_408_and_a_closed_connection_and_a_slow_one_is_served(daemon_factory):
+    """aiohttp's idle timer stops once the headers are complete: without a limit of its
+    own a client that sends half a body and stops holds a connection and a handler for
+    ever, and max_connections of them lock everyone out."""
+    daemon = daemon_factory(config='[irq]\nmode = "off"\n[probe]\nenabled = false\n'
+                                   '[api]\nidle_timeout_seconds = 1.0\n')
+    client = daemon.start()
+    head = b"POST /v1/leases HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+    stalls = {
+        "content-length": head + b"Content-Length: 1000\r\n\r\n" + b'{"gpus":',
+        "chunked": head + b"Transfer-Encoding: chunked\r\n\r\n8\r\n" + b'{"gpus":' + b"\r\n",
+    }
+    for name, request in stalls.items():
+        sock = _open(daemon.socket)
+        sock.sendall(request)
+        started = time.monotonic()
+        data = _read_to_eof(sock, 8.0)  # EOF: the daemon closed it (aiohttp's linger would be 10 s)
+        waited = time.monotonic() - started
+        sock.close()
+        head_part, _, raw = data.partition(b"\r\n\r\n")
+        body = _strict_json(raw)
+        assert head_part.split()[1] == b"408" and body["code"] == "request_timeout", (name, data)
+        assert "8 of 1000 bytes" in body["message"] if name == "content-length" else "8 bytes" in body["message"]
+        assert "idle_timeout_seconds" in body["message"]
+        assert 0.9 <= waited < 4.0, (name, waited)
+    assert client.leases() == []
+    # a body that trickles in, a byte every 0.4 s for longer than the idle timeout, is served
+    sock = _open(daemon.socket)
+    payload = b'{"gpus": 1}'
+    sock.sendall(head + f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode())
+    for byte in payload:
+        time.sleep(0.4)
+        sock.sendall(bytes([byte]))
+    data = _read_to_eof(sock, 8.0)
+    sock.close()
+    assert data.split()[1] == b"201", data
+    assert len(client.leases()) == 1
+    assert "Traceback" not in daemon.log()
+
+
 def test_a_queued_wait_outlives_the_idle_timeout(daemon_factory):
     daemon = daemon_factory(config='[irq]\nmode = "off"\n[probe]\nenabled = false\n'
                                    '[api]\nidle_timeout_seconds = 0.5\n')

@@ -46,6 +46,12 @@ class PayloadTooLargeError(TopodError):
     code = "payload_too_large"
 
 
+class BodyStalledError(TopodError):
+    """The client sent part of a body, then nothing for [api] idle_timeout_seconds."""
+
+    code = "request_timeout"
+
+
 class UnsupportedMediaTypeError(TopodError):
     code = "unsupported_media_type"
 

@@ -28,7 +28,8 @@ ERROR = {
     "type": "object", "required": ["code", "message"], "additionalProperties": False,
     "description": "Every error. `code` is machine-readable: invalid_json, invalid_request, unknown_gpu, "
                    "invalid_telemetry (400); permission_denied (403); lease_not_found, not_found (404); "
-                   "method_not_allowed (405, with an Allow header); insufficient_gpus, insufficient_cpus, "
+                   "method_not_allowed (405, with an Allow header); request_timeout (408: a body that "
+                   "stalled for [api] idle_timeout_seconds); insufficient_gpus, insufficient_cpus, "
                    "level_unreachable, gpu_already_leased, wait_timeout (409); payload_too_large (413); "
                    "unsupported_media_type (415: a Content-Type charset other than UTF-8); queue_full (429); "
                    "internal_error and other server faults (500, with request_id); unavailable, "
@@ -182,6 +183,7 @@ ERROR_DESCRIPTIONS = {
     400: "invalid_json, invalid_request, unknown_gpu, invalid_telemetry",
     403: "permission_denied",
     404: "lease_not_found",
+    408: "request_timeout: the body stalled for [api] idle_timeout_seconds; the connection is closed",
     409: "insufficient_gpus, insufficient_cpus, level_unreachable, gpu_already_leased, wait_timeout",
     413: "payload_too_large: the body exceeds [api] max_body_bytes",
     415: "unsupported_media_type: a Content-Type charset other than UTF-8",
@@ -216,7 +218,7 @@ LEASE_ID = [{"name": "id", "in": "path", "required": True, "schema": {"type": "s
 
 def openapi_document(limits: RequestLimits | None = None, *, max_body_bytes: int = DEFAULT_MAX_BYTES) -> dict[str, Any]:
     limits = limits if limits is not None else RequestLimits()
-    body_errors = (400, 413, 415)
+    body_errors = (400, 408, 413, 415)
     return {
         "openapi": "3.1.0",
         "info": {

@@ -20,7 +20,7 @@ import structlog
 from aiohttp import web
 
 from topod.alloc.request import RequestLimits, validate_renew_body
-from topod.api.body import DEFAULT_MAX_BYTES, PayloadTooLargeError, parse_body
+from topod.api.body import DEFAULT_MAX_BYTES, BodyStalledError, PayloadTooLargeError, parse_body
 from topod.api.peer import PeerDeniedError, caller_async, peer_credentials
 from topod.errors import TopodError
 
@@ -40,6 +40,7 @@ STATUS_OF_CODE = {
     "level_unreachable": 409,
     "gpu_already_leased": 409,
     "wait_timeout": 409,
+    "request_timeout": 408,
     "payload_too_large": 413,
     "unsupported_media_type": 415,
     "queue_full": 429,
@@ -137,7 +138,10 @@ async def errors_as_json(request: web.Request, handler):
         status = status_of(exc.code)
         if status == 500:  # our fault (an unknown code included): log it, keep its code and message
             return internal_error(request, exc, exc.code, str(exc))
-        return error_response(exc.code, str(exc), status)
+        response = error_response(exc.code, str(exc), status)
+        if isinstance(exc, BodyStalledError):
+            await _answer_and_close(request, response)
+        return response
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -150,6 +154,16 @@ async def errors_as_json(request: web.Request, handler):
         raise
     except Exception as exc:  # noqa: BLE001 - the one place that turns faults into a 500
         return internal_error(request, exc)
+
+
+async def _answer_and_close(request: web.Request, response: web.StreamResponse) -> None:
+    """Send the answer, then close the connection at once. aiohttp would otherwise read
+    and drop the rest of the body for up to 10 s (lingering, so that a client still
+    sending can read an early answer); a body that stalled has no rest coming."""
+    response.force_close()
+    await response.prepare(request)
+    await response.write_eof()
+    request.protocol.force_close()  # the transport sends what was written, then closes
 
 
 async def caller(request: web.Request):
@@ -174,24 +188,48 @@ def max_body_bytes(backend: Backend) -> int:
         return DEFAULT_MAX_BYTES
 
 
-async def read_body(request: web.Request, limit: int) -> bytes:
-    """The raw body, refused as soon as it is known to exceed `limit` bytes."""
+DEFAULT_SILENCE_SECONDS = 30.0
+
+
+def body_silence_seconds(backend: Backend) -> float:
+    """How long a body may stall: [api] idle_timeout_seconds, the limit on a silent
+    connection, which aiohttp applies only until the headers are complete."""
+    config = getattr(backend, "config", None)
+    try:
+        return float(config.get("api", "idle_timeout_seconds"))
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return DEFAULT_SILENCE_SECONDS
+
+
+async def read_body(request: web.Request, limit: int, silence: float = DEFAULT_SILENCE_SECONDS) -> bytes:
+    """The raw body, refused as soon as it is known to exceed `limit` bytes, or when the
+    client sends nothing of it for `silence` seconds (the connection is then closed: a
+    client that stops half-way would otherwise hold it, and its handler, for ever)."""
     if request.content_length is not None and request.content_length > limit:
         raise PayloadTooLargeError(f"request body is {request.content_length} bytes; at most {limit} "
                                    "([api] max_body_bytes)")
     chunks: list[bytes] = []
     size = 0
-    while chunk := await request.content.readany():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLargeError(f"request body is over {limit} bytes ([api] max_body_bytes)")
-        chunks.append(chunk)
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout(silence) as deadline:
+            while chunk := await request.content.readany():
+                deadline.reschedule(loop.time() + silence)
+                size += len(chunk)
+                if size > limit:
+                    raise PayloadTooLargeError(f"request body is over {limit} bytes ([api] max_body_bytes)")
+                chunks.append(chunk)
+    except TimeoutError:
+        expected = f" of {request.content_length}" if request.content_length is not None else ""
+        raise BodyStalledError(f"the request body stalled: {size}{expected} bytes arrived, then nothing for "
+                               f"{silence:g} s ([api] idle_timeout_seconds)") from None
     return b"".join(chunks)
 
 
 async def read_json(request: web.Request, *, optional: bool = False) -> Any:
-    limit = max_body_bytes(request.app[BACKEND])
-    raw = await read_body(request, limit)
+    backend = request.app[BACKEND]
+    limit = max_body_bytes(backend)
+    raw = await read_body(request, limit, body_silence_seconds(backend))
     return parse_body(raw, charset=request.charset, max_bytes=limit, optional=optional)
 
 
