@@ -13,6 +13,14 @@ MAX_CPUS = 1 << 16
 _MASK = re.compile(r"[0-9a-fA-F]{1,8}(?:,[0-9a-fA-F]{1,8})*")
 
 
+# Padding around a list or mask, not content. Besides whitespace, a NUL after the newline:
+# kernels that print the CPU bitmap files (node cpulist/cpumap, topology/*_cpus[_list])
+# through their bitmap-to-buffer helpers as binary attributes end them with "\n\0", as
+# captured on a 128-core Arm host (hwloc's 128arm-2pa2n8cluster4co). A NUL anywhere else
+# is still garbage.
+_PADDING = " \t\n\r\v\f\x00"
+
+
 class CpuListRangeError(ValueError):
     """A CPU list or mask that names CPUs beyond the limit (or more CPUs than it)."""
 
@@ -22,7 +30,7 @@ def parse_cpulist(text: str, limit: int = MAX_CPUS) -> list[int]:
     CpuListRangeError (a ValueError) for a CPU id >= limit.
 
     Also accepts the stride form '0-15:2' (used on kernel command lines)."""
-    text = text.strip()
+    text = text.strip(_PADDING)
     if not text:
         return []
     cpus: set[int] = set()
@@ -61,7 +69,7 @@ def parse_cpumask(text: str, limit: int = MAX_CPUS) -> list[int]:
     """'00000000,0000ff00' -> [8..15]. Comma-separated 32-bit hex words, most
     significant first, as in local_cpus and smp_affinity. Raises ValueError, and
     CpuListRangeError for a set bit at or beyond limit (or more words than it needs)."""
-    text = text.strip().replace("\n", "")
+    text = text.strip(_PADDING).replace("\n", "")
     key = (text, limit)
     known = _MASKS.get(key)
     if known is None:

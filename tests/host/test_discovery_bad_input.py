@@ -95,6 +95,25 @@ def test_garbage_values_are_skipped_and_reported_with_their_path(host_tree):
     assert "sys/devices/system/cpu/isolated" in bad_paths
 
 
+def test_cpu_bitmap_files_ending_in_a_nul_read_as_the_kernel_meant_them(host_tree):
+    """Some kernels print node cpulist/cpumap and the per-CPU topology lists as binary
+    attributes ending in "\\n\\0" (seen on a real 128-core Arm host): the same host,
+    no warning, not a fallback per file."""
+    root = host_tree("h800-8gpu")
+    before = _discover(root)
+    padded = [*root.glob("sys/devices/system/node/node*/cpu*"),
+              *root.glob("sys/devices/system/cpu/cpu*/topology/*_list"),
+              *root.glob("sys/devices/system/cpu/cpu*/topology/*_siblings"),
+              *root.glob("sys/devices/system/cpu/cpu*/topology/*_cpus")]
+    padded = [path for path in padded if path.is_file() and path.name != "cpu_capacity"]
+    assert len(padded) > 100
+    for path in padded:
+        path.write_bytes(path.read_bytes().rstrip(b"\n") + b"\n\x00")
+    after = _discover(root)
+    assert after.warnings == before.warnings
+    assert after.numa_nodes == before.numa_nodes and after.cpus == before.cpus
+
+
 def test_dangling_device_link_is_skipped_with_warning(host_tree):
     root = host_tree("pcie-8gpu")
     os.symlink("../../../devices/pci0000:99/0000:99:00.0", root / "sys/bus/pci/devices/0000:99:00.0")

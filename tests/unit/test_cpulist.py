@@ -17,6 +17,21 @@ def test_empty_cpulist_is_no_cpus():
     assert parse_cpulist("\n") == []
 
 
+def test_a_nul_after_the_newline_is_padding_as_some_kernels_print_it():
+    # bytes as captured on a 128-core Arm host (hwloc's 128arm-2pa2n8cluster4co)
+    assert parse_cpulist("0-31\n\x00") == list(range(32))
+    assert parse_cpulist("\n\x00") == []
+    assert parse_cpumask("00000000,ffffffff\n\x00") == list(range(32))
+
+
+@pytest.mark.parametrize("garbage", ["0-3\x00,5", "\x001-2x"])
+def test_a_nul_inside_a_list_is_still_garbage(garbage):
+    with pytest.raises(ValueError):
+        parse_cpulist(garbage)
+    with pytest.raises(ValueError):
+        parse_cpumask("ff\x00ff")
+
+
 @pytest.mark.parametrize("garbage", ["a-b", "3-1", "-1", "1,,x", "0-3:0"])
 def test_garbage_cpulist_raises_value_error(garbage):
     with pytest.raises(ValueError):

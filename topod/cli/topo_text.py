@@ -61,7 +61,7 @@ def _node_devices(devices: list[PciDevice], gpu_of: dict, leased: dict[int, str]
     lines: list[str] = []
     shown = [d for d in devices if d.kind in SHOWN_KINDS]
     for complex_name in sorted({d.root_complex for d in shown}):
-        lines.append(f"  root complex {complex_name}")
+        lines.append(f"  root complex {complex_name or 'unknown (the function sits outside a pciDDDD:BB host bridge)'}")
         members = [d for d in shown if d.root_complex == complex_name]
         for switch in sorted({d.switch for d in members if d.switch}):
             lines.append(f"    PCIe switch {switch}")

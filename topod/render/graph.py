@@ -197,7 +197,7 @@ def _pci_tree(topology: Topology, nodes: list[GraphNode], edges: list[GraphEdge]
             complexes.setdefault(device.root_complex, device.numa_node)
     for rc, numa in sorted(complexes.items()):
         cid = cluster_id(numa)
-        nodes.append(GraphNode(f"rc:{rc}", "root_complex", f"root complex\n{rc}", cid))
+        nodes.append(GraphNode(f"rc:{rc}", "root_complex", f"root complex\n{rc or 'unknown'}", cid))
         if numa is not None:
             edges.append(GraphEdge(cid, f"rc:{rc}", "numa"))
     for device in topology.pci_devices:
