@@ -202,6 +202,70 @@ def test_kill_9_and_restart_keeps_every_acknowledged_lease(scenario):
     s.check()
 
 
+KEPT_UNDER_LOAD = 3
+
+
+def test_kill_9_under_load_keeps_every_acknowledged_lease_and_no_released_one(scenario):
+    """Eight clients grant and release as fast as they can; the daemon is killed -9 in
+    the middle. After the restart every lease a client was told it got (and had not
+    begun to release) is there, none whose release was answered is, and no GPU is in
+    two leases. A lease whose answer never came (in flight at the kill) may be either."""
+    from topod.client import ApiError, Client
+
+    s = scenario()
+    kept: set[str] = set()  # answered 201, release never started
+    released: set[str] = set()  # release answered 200
+    ambiguous: set[str] = set()  # release sent, no answer: the kill came in between
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def worker(index: int) -> None:
+        client = Client(s.daemon.socket, timeout=5)
+        round_ = 0
+        while not stop.is_set():
+            try:
+                lease = client.allocate(1, level="any", cpus_per_gpu=0)
+            except (ApiError, OSError):
+                if stop.is_set():
+                    return
+                continue  # a refusal while all 8 are held: try again
+            round_ += 1
+            with lock:
+                keep = round_ == 1 and index < KEPT_UNDER_LOAD  # a few kept for good, the rest rotate
+                if keep:
+                    kept.add(lease["id"])
+            if keep:
+                continue
+            with lock:
+                ambiguous.add(lease["id"])
+            try:
+                client.release(lease["id"])
+            except (ApiError, OSError):
+                return
+            with lock:
+                ambiguous.discard(lease["id"])
+                released.add(lease["id"])
+
+    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    try:
+        assert _wait_until(lambda: len(released) >= 40, timeout=30), (len(released), len(kept))
+        s.daemon.stop(signal.SIGKILL)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=10)
+    assert len(kept) == KEPT_UNDER_LOAD
+    s.client = s.daemon.start()
+    after = {lease["id"]: lease for lease in s.client.leases()}
+    assert kept <= set(after), f"acknowledged leases lost: {kept - set(after)}"
+    assert not released & set(after), f"released leases came back: {released & set(after)}"
+    s.granted = {lease_id: after[lease_id]["gpus"] for lease_id in kept}
+    health = s.check()
+    assert health["gpus_free"] == 8 - sum(len(lease["gpus"]) for lease in after.values())
+
+
 def test_leases_whose_gpus_vanish_turn_degraded_and_counts_stay_sane(daemon_factory, host_tree, tmp_path):
     first = daemon_factory("h800-8gpu", config=None)
     client = first.start()
