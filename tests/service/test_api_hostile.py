@@ -145,6 +145,18 @@ def test_hostile_telemetry_body_is_refused(running):
     assert _error(daemon.socket, _post("/v1/telemetry", b"{" * 5000))[:2] == (400, "invalid_json")
 
 
+@pytest.mark.parametrize("method, suffix", [("GET", ""), ("DELETE", ""), ("POST", "/renew"), ("POST", "/revoke")])
+def test_an_unknown_lease_id_with_control_characters_is_echoed_escaped(running, method, suffix):
+    """The id comes back in the message (topoctl prints it on a terminal): escaped, so an
+    ESC sequence or a NUL in a path cannot reach the terminal or a log line raw."""
+    daemon, client, lease = running
+    request = (f"{method} /v1/leases/%1b%5b31mred%00x{suffix} HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\n"
+               "Connection: close\r\n\r\n").encode()
+    status, code, message = _error(daemon.socket, request)
+    assert (status, code) == (404, "lease_not_found")
+    assert message == "no lease '\\x1b[31mred\\x00x'" and message.isprintable()
+
+
 def test_wrong_method_is_405_with_an_allow_header(running):
     daemon, client, lease = running
     status, headers, raw, _ = _exchange(daemon.socket, b"PUT /v1/leases HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\n"

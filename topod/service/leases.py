@@ -350,7 +350,7 @@ class LeaseService:
     def get(self, lease_id: str) -> Lease:
         lease = self.store.get(lease_id)
         if lease is None:
-            raise LeaseNotFoundError(f"no lease {lease_id}")
+            raise LeaseNotFoundError(f"no lease {lease_id!r}")
         return lease
 
     async def release(self, lease_id: str, caller: Caller) -> Lease:
