@@ -104,6 +104,48 @@ def test_a_reader_that_goes_away_gets_one_line_not_a_traceback(h800):
     assert "Traceback" not in err and "Exception ignored" not in err
 
 
+def _on_a_terminal(*argv: str) -> str:
+    """topoctl's stdout and stderr on a pseudo-terminal: what a user's terminal receives."""
+    import pty
+
+    controller, terminal = pty.openpty()
+    process = subprocess.Popen([sys.executable, "-m", "topod.cli.topoctl", *argv], env=ENV, stdout=terminal,
+                               stderr=terminal)
+    os.close(terminal)
+    received = b""
+    while True:
+        try:
+            chunk = os.read(controller, 65536)
+        except OSError:  # EIO: the last writer closed its end
+            break
+        if not chunk:
+            break
+        received += chunk
+    os.close(controller)
+    process.wait(timeout=60)
+    return received.decode("utf-8", "replace")
+
+
+def test_control_characters_from_a_hostile_tree_never_reach_a_terminal_raw(tmp_path, h800):
+    """A captured tree can name a network interface with an ESC sequence, a BEL, a
+    carriage return; on a terminal they are shown escaped, in a pipe they stay exact."""
+    root = tmp_path / "evil"
+    shutil.copytree(h800, root, symlinks=True)
+    net = next(path for path in root.glob("sys/devices/**/net/*") if path.is_dir())
+    net.rename(net.with_name("ev\x1b[31mRED\x07\rxx\x9bil"))
+    shown = _on_a_terminal("topo", "--root", str(root))
+    assert "ev\\x1b[31mRED\\x07\\x0dxx\\x9bil" in shown, shown[-2000:]
+    assert not any(ch in shown for ch in "\x1b\x07\x9b")
+    piped = subprocess.run([sys.executable, "-m", "topod.cli.topoctl", "topo", "--root", str(root)], env=ENV,
+                           capture_output=True, timeout=60)
+    assert "ev\x1b[31mRED\x07\rxx\x9bil".encode() in piped.stdout
+
+
+def test_an_error_message_echoing_input_is_escaped_on_a_terminal():
+    shown = _on_a_terminal("topo", "--root", "/nonexistent/\x1b]0;title\x07")
+    assert "\\x1b]0;title\\x07" in shown and "\x1b" not in shown and "\x07" not in shown
+
+
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
 def test_a_full_disk_is_one_line_and_status_1(h800):
     with open("/dev/full", "w") as full:

@@ -21,13 +21,37 @@ class StdoutError(Exception):
         self.error = error
 
 
+# C0 controls but tab and newline, DEL, C1: on a terminal they act (colours, cursor
+# moves, a title, a carriage return over a line) instead of showing. A captured tree can
+# name a network interface with an ESC in it, and the daemon echoes what a caller sent.
+_CONTROLS = {code: f"\\x{code:02x}" for code in (*range(0x00, 0x09), *range(0x0B, 0x20), *range(0x7F, 0xA0))}
+
+
+def terminal_safe(text: str, stream) -> str:  # noqa: ANN001 - any text stream
+    """`text` with control characters shown as \\xNN when `stream` is a terminal; as it
+    is otherwise (a pipe or a file gets the exact bytes)."""
+    try:
+        if not stream.isatty():
+            return text
+    except (AttributeError, ValueError, OSError):
+        return text
+    return text.translate(_CONTROLS)
+
+
 class _GuardedStream:
-    """stdout, with write errors told apart from every other OSError."""
+    """stdout, with write errors told apart from every other OSError, and control
+    characters escaped when it is a terminal."""
 
     def __init__(self, stream) -> None:  # noqa: ANN001 - a text or binary stream
         self._stream = stream
+        try:
+            self._terminal = bool(stream.isatty())
+        except (AttributeError, ValueError, OSError):
+            self._terminal = False
 
     def write(self, data):  # noqa: ANN001, ANN201
+        if self._terminal and isinstance(data, str):
+            data = data.translate(_CONTROLS)
         try:
             return self._stream.write(data)
         except OSError as exc:
@@ -71,7 +95,7 @@ def _report(exc: BaseException, as_json: bool) -> None:
 
         sys.stderr.write(json.dumps({"code": getattr(exc, "code", "error"), "message": str(exc)}) + "\n")
     else:
-        sys.stderr.write(f"topoctl: {exc}\n")
+        sys.stderr.write(terminal_safe(f"topoctl: {exc}", sys.stderr) + "\n")
 
 
 def _stdout_failed(exc: StdoutError, stream, as_json: bool) -> int:  # noqa: ANN001 - the real sys.stdout
