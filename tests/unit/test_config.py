@@ -74,3 +74,43 @@ def test_defaults_come_from_the_code_that_uses_them():
     assert config.get("irq", "min_gain") == DEFAULTS["min_gain"]
     with pytest.raises(ConfigError, match=", ".join(MODES)):
         parse_config("[irq]\nmode = 'x'\n")
+
+
+def test_a_fifo_directory_or_device_as_the_config_is_refused_without_blocking(tmp_path):
+    """A FIFO would block the start or a reload for ever; /dev/zero never ends."""
+    import os
+
+    from timebox import within
+
+    fifo = tmp_path / "topod.toml"
+    os.mkfifo(fifo)
+    cases = [(str(fifo), "not a regular file (a FIFO)"), (str(tmp_path), "not a regular file (a directory)"),
+             ("/dev/zero", "not a regular file (a character device)")]
+    for path, words in cases:
+        with within(5), pytest.raises(ConfigError, match=re.escape(words)):
+            load_config(path)
+
+
+def test_dev_null_is_an_empty_config_and_a_symlink_to_a_file_is_followed(tmp_path):
+    assert load_config("/dev/null").values == defaults().values
+    target = tmp_path / "real.toml"
+    target.write_text('[irq]\nmode = "off"\n')
+    (tmp_path / "link.toml").symlink_to(target)
+    assert load_config(str(tmp_path / "link.toml")).get("irq", "mode") == "off"
+
+
+def test_an_oversized_or_non_utf8_config_is_refused_with_its_reason(tmp_path):
+    from topod.config import MAX_CONFIG_BYTES
+
+    big = tmp_path / "big.toml"
+    with open(big, "wb") as handle:
+        handle.truncate(MAX_CONFIG_BYTES + 1)
+    with pytest.raises(ConfigError, match=f"{MAX_CONFIG_BYTES + 1} bytes, over the {MAX_CONFIG_BYTES}-byte limit"):
+        load_config(str(big))
+    latin = tmp_path / "latin.toml"
+    latin.write_bytes(b'[irq]\nmode = "d\xe9"\n')
+    with pytest.raises(ConfigError, match="not UTF-8 .*0xe9 at offset 15"):
+        load_config(str(latin))
+    utf8 = tmp_path / "utf8.toml"
+    utf8.write_bytes('[cluster]\nrack = "r\u00e9-12"\n'.encode())
+    assert load_config(str(utf8)).get("cluster", "rack") == "r\u00e9-12"
