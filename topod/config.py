@@ -7,8 +7,6 @@ them for operators. A reload that fails validation keeps the running Config.
 from __future__ import annotations
 
 import math
-import os
-import stat
 import tomllib
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +15,7 @@ from topod.alloc.policy import PolicySettings
 from topod.discover.udev import UdevSettings
 from topod.cpulist import parse_cpulist
 from topod.errors import ConfigError
+from topod.textfile import read_text_file
 from topod.irq.settings import DEFAULTS as IRQ_DEFAULTS
 from topod.irq.settings import IRQBALANCE_CHOICES
 from topod.irq.settings import MODES as IRQ_MODES
@@ -157,6 +156,8 @@ def parse_config(text: str, source: str | None = None) -> Config:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{source or 'config'}: not valid TOML: {exc}") from exc
+    except RecursionError:  # tomllib recurses per nesting level: [[[[...]]]] a few thousand deep
+        raise ConfigError(f"{source or 'config'}: not valid TOML: arrays or tables nested too deep") from None
     config = defaults()
     for section, table in document.items():
         if section not in SCHEMA:
@@ -186,55 +187,10 @@ def load_config(path: str | None) -> Config:
     """Defaults when path is None; ConfigError naming the file and key otherwise."""
     if path is None:
         return defaults()
-    return parse_config(read_config_text(path), path)
+    return parse_config(read_text_file(path, MAX_CONFIG_BYTES), path)
 
 
 MAX_CONFIG_BYTES = 1 << 20  # the documented file is ~10 KiB
-_DEV_NULL = os.makedev(1, 3)
-
-
-def read_config_text(path: str) -> str:
-    """The text of a config file, or ConfigError. Only a regular file is opened (a FIFO
-    would block the start or a reload for ever, a device can act when opened), at most
-    MAX_CONFIG_BYTES are read, and it must be UTF-8, as TOML is (not the locale's
-    encoding)."""
-    try:
-        before = os.stat(path)
-        if stat.S_ISCHR(before.st_mode) and before.st_rdev == _DEV_NULL:
-            return ""  # `--config /dev/null`: the usual way to say "no settings", read as empty
-        if not stat.S_ISREG(before.st_mode):
-            raise ConfigError(f"{path}: not a regular file ({_kind(before.st_mode)}); not read")
-        if before.st_size > MAX_CONFIG_BYTES:
-            raise ConfigError(f"{path}: {before.st_size} bytes, over the {MAX_CONFIG_BYTES}-byte limit; not read")
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        try:
-            opened = os.fstat(fd)
-            if (opened.st_dev, opened.st_ino) != (before.st_dev, before.st_ino) or not stat.S_ISREG(opened.st_mode):
-                raise ConfigError(f"{path}: replaced while being opened; not read")
-            chunks, size = [], 0
-            while size <= MAX_CONFIG_BYTES and (chunk := os.read(fd, MAX_CONFIG_BYTES + 1 - size)):
-                chunks.append(chunk)
-                size += len(chunk)
-        finally:
-            os.close(fd)
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    if size > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{path}: over the {MAX_CONFIG_BYTES}-byte limit; not read")
-    data = b"".join(chunks)
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 (TOML must be): invalid byte 0x{data[exc.start]:02x} at offset "
-                          f"{exc.start}") from None
-
-
-def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
-        if test(mode):
-            return name
-    return "not a file"
 
 
 def _validate(section: str, key: str, value: Any) -> Any:

@@ -89,7 +89,7 @@ def read_cap(rel: str) -> int:
     return CAPS_BY_PATH.get(rel, READ_CAP)
 
 
-def _file_kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
     if stat.S_ISDIR(mode):
         return "a directory"
     if stat.S_ISFIFO(mode):
@@ -246,7 +246,7 @@ class HostRoot:
                 raise _fail(HostFileUnreadableError, rel, "path holds a NUL byte") from None
             if not stat.S_ISREG(before.st_mode):
                 raise _fail(NotARegularFileError, rel,
-                            f"{_file_kind(before.st_mode)} where a file was expected; not read")
+                            f"{file_kind(before.st_mode)} where a file was expected; not read")
             if before.st_size > cap:
                 raise _fail(HostFileTooLargeError, rel, f"{before.st_size} bytes, over the {cap}-byte cap; not read")
         try:

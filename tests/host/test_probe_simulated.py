@@ -163,3 +163,21 @@ def test_a_toml_table_works_like_json(tmp_path, pcie_host):
     backend = SimulatedBackend.from_file(write(tmp_path, text, "t.toml"), pcie_host)
     result = backend.measure(LinkId("h2d", "node0", address(pcie_host, 0)))
     assert result.bandwidth_gbps == 10.0 and result.seconds > 0 and result.bytes_moved == result.sizes.bytes_per_link
+
+
+def test_a_table_that_is_a_fifo_or_nests_too_deep_is_one_config_error(tmp_path):
+    """The daemon loads the table ([probe] simulated_table) at start and on reload: a
+    FIFO must not block it, a pathological file must not crash it."""
+    import os
+
+    from timebox import within
+    from topod.probe.simulated import load_table
+
+    fifo = tmp_path / "table.json"
+    os.mkfifo(fifo)
+    with within(5), pytest.raises(ConfigError, match="link table .*: not a regular file \\(a FIFO\\)"):
+        load_table(fifo)
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100000 + "]" * 100000)
+    with pytest.raises(ConfigError, match="not valid JSON: nested too deep"):
+        load_table(deep)

@@ -109,8 +109,15 @@ def test_an_oversized_or_non_utf8_config_is_refused_with_its_reason(tmp_path):
         load_config(str(big))
     latin = tmp_path / "latin.toml"
     latin.write_bytes(b'[irq]\nmode = "d\xe9"\n')
-    with pytest.raises(ConfigError, match="not UTF-8 .*0xe9 at offset 15"):
+    with pytest.raises(ConfigError, match="not UTF-8: invalid byte 0xe9 at offset 15"):
         load_config(str(latin))
     utf8 = tmp_path / "utf8.toml"
     utf8.write_bytes('[cluster]\nrack = "r\u00e9-12"\n'.encode())
     assert load_config(str(utf8)).get("cluster", "rack") == "r\u00e9-12"
+
+
+def test_a_config_nested_too_deep_for_the_parser_is_a_config_error(tmp_path):
+    deep = tmp_path / "deep.toml"
+    deep.write_text("[irq]\nx = " + "[" * 100000 + "]" * 100000 + "\n")
+    with pytest.raises(ConfigError, match="nested too deep"):
+        load_config(str(deep))

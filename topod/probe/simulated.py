@@ -35,6 +35,7 @@ from topod.errors import ConfigError
 from topod.model import Topology
 from topod.probe.backend import LinkId, LinkSyntaxError, ProbeResult, ProbeSizes, ProbeUnavailable, node_end, parse_link
 from topod.record import replace
+from topod.textfile import read_text_file
 
 DEFAULT_SIZES = ProbeSizes(small_bytes=4096, small_reps=32, large_bytes=32 << 20, large_reps=3)
 CLASS_KEYS = ("mem_local", "mem_remote", "h2d_local", "h2d_remote", "d2h_local", "d2h_remote", "p2p")
@@ -58,17 +59,19 @@ class Degradation:
         return self.from_s <= t and (self.until_s is None or t < self.until_s)
 
 
+MAX_TABLE_BYTES = 16 << 20
+
+
 def load_table(path: str | Path) -> dict[str, Any]:
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"link table {path}: cannot read: {exc.strerror}") from exc
+    text = read_text_file(str(path), MAX_TABLE_BYTES, "link table")
+    language = "TOML" if path.suffix == ".toml" else "JSON"
     try:
         table = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
     except (ValueError, tomllib.TOMLDecodeError) as exc:
-        language = "TOML" if path.suffix == ".toml" else "JSON"
         raise ConfigError(f"link table {path}: not valid {language}: {exc}") from exc
+    except RecursionError:  # both parsers recurse per nesting level
+        raise ConfigError(f"link table {path}: not valid {language}: nested too deep") from None
     if not isinstance(table, dict):
         raise ConfigError(f"link table {path}: expected an object at the top")
     unknown = sorted(set(table) - set(TABLE_KEYS))
