@@ -378,3 +378,15 @@ def test_a_lease_read_back_at_start_is_encoded_once_for_all_its_answers(tmp_path
     assert first is not None and json.loads(first) == reopened.json_of(lease)
     assert reopened.answer_text(lease) is first  # the same text object: not encoded again
     reopened.close()
+
+
+def test_a_state_dir_that_is_a_file_or_cannot_be_made_is_one_clear_error(tmp_path):
+    from topod.service.lease_store import LeaseStoreError
+
+    taken = tmp_path / "state"
+    taken.write_text("not a directory")
+    with pytest.raises(LeaseStoreError, match="state directory .*/state: exists and is not a directory"):
+        LeaseStore(taken)
+    with pytest.raises(LeaseStoreError, match="state directory .*/state/sub: cannot create it: Not a directory"):
+        LeaseStore(taken / "sub")
+    assert taken.read_text() == "not a directory"

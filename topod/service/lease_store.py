@@ -485,7 +485,12 @@ def _failure(error: BaseException) -> TopodError:
 
 
 def _private_directory(directory: Path) -> None:
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except FileExistsError:  # mkdir's exist_ok covers directories only
+        raise LeaseStoreError(f"state directory {directory}: exists and is not a directory") from None
+    except OSError as exc:
+        raise LeaseStoreError(f"state directory {directory}: cannot create it: {exc.strerror or exc}") from None
     os.chmod(directory, 0o700)  # leases name users and jobs: not for every local user
 
 
