@@ -381,8 +381,6 @@ def test_a_lease_read_back_at_start_is_encoded_once_for_all_its_answers(tmp_path
 
 
 def test_a_state_dir_that_is_a_file_or_cannot_be_made_is_one_clear_error(tmp_path):
-    from topod.service.lease_store import LeaseStoreError
-
     taken = tmp_path / "state"
     taken.write_text("not a directory")
     with pytest.raises(LeaseStoreError, match="state directory .*/state: exists and is not a directory"):
