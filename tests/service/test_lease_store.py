@@ -388,3 +388,32 @@ def test_a_state_dir_that_is_a_file_or_cannot_be_made_is_one_clear_error(tmp_pat
     with pytest.raises(LeaseStoreError, match="state directory .*/state/sub: cannot create it: Not a directory"):
         LeaseStore(taken / "sub")
     assert taken.read_text() == "not a directory"
+
+
+def test_a_link_fifo_or_damaged_file_in_the_state_dir_is_refused_and_left_as_it_is(tmp_path):
+    """A link in the database's place was followed: the store chmod'ed its target (it
+    made /dev/zero 0600). Now nothing but the store's own regular files is opened or
+    changed, and a damaged database is named, not wrapped in an internal error."""
+    outside = tmp_path / "outside"
+    outside.write_text("someone else's")
+    os.chmod(outside, 0o644)
+    cases = {
+        "leases.sqlite3": lambda path: path.symlink_to(outside),
+        "leases.sqlite3-wal": lambda path: path.symlink_to(outside),
+        "leases.sqlite3-shm": lambda path: os.mkfifo(path),
+    }
+    for name, plant in cases.items():
+        state = tmp_path / f"state-{name}"
+        state.mkdir()
+        plant(state / name)
+        with pytest.raises(LeaseStoreError, match=f"{name}: (a symbolic link|a FIFO), not the lease database"):
+            LeaseStore(state)
+        assert sorted(p.name for p in state.iterdir()) == [name]  # nothing made beside it
+    assert stat.S_IMODE(os.stat(outside).st_mode) == 0o644 and outside.read_text() == "someone else's"
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    garbage = os.urandom(4096)
+    (damaged / "leases.sqlite3").write_bytes(garbage)
+    with pytest.raises(LeaseStoreError, match="leases.sqlite3: file is not a database.*move it away"):
+        LeaseStore(damaged)
+    assert (damaged / "leases.sqlite3").read_bytes() == garbage

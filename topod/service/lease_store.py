@@ -20,6 +20,7 @@ import asyncio
 import json
 import os
 import sqlite3
+import stat
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from typing import Any
 import structlog
 
 from topod.errors import TopodError
+from topod.host import file_kind
 from topod.service.lease import Lease
 
 log = structlog.get_logger("topod")
@@ -89,18 +91,25 @@ class LeaseStore:
         directory = Path(state_dir)
         _private_directory(directory)
         self.path = directory / "leases.sqlite3"
-        _private_file(self.path)
-        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
-                                   timeout=BUSY_TIMEOUT_MS / 1000)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute(f"PRAGMA synchronous={synchronous.upper()}")
-        self._db.execute("PRAGMA foreign_keys=ON")
-        self._db.execute("PRAGMA wal_autocheckpoint=0")  # see CHECKPOINT_EVERY_COMMITS
-        self._migrate()
+        # Each file of the database is a regular file of its own, made private through its
+        # descriptor: a link planted in its place is refused, never followed (a chmod by
+        # path would change whatever it names: /dev/zero, another daemon's state).
+        for suffix in ("-wal", "-shm", ""):
+            _private_file(Path(f"{self.path}{suffix}"), create=not suffix)
+        try:
+            self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
+                                       timeout=BUSY_TIMEOUT_MS / 1000)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute(f"PRAGMA synchronous={synchronous.upper()}")
+            self._db.execute("PRAGMA foreign_keys=ON")
+            self._db.execute("PRAGMA wal_autocheckpoint=0")  # see CHECKPOINT_EVERY_COMMITS
+            self._migrate()
+        except sqlite3.DatabaseError as exc:  # not SQLite, or damaged: left exactly as it is
+            raise LeaseStoreError(f"lease database {self.path}: {exc}. topod leaves it untouched and will not "
+                                  "guess which GPUs it held: repair it, or move it away to start with no "
+                                  "leases") from None
         for suffix in ("-wal", "-shm"):
-            side = Path(f"{self.path}{suffix}")
-            if side.exists():
-                os.chmod(side, 0o600)
+            _private_file(Path(f"{self.path}{suffix}"), create=False)
         # The database is the truth; the mirror spares a query per read and lets a
         # decision see changes whose commit is still in flight.
         self._cache: dict[str, Lease] = {lease.id: lease for lease in self._load()}
@@ -494,7 +503,29 @@ def _private_directory(directory: Path) -> None:
     os.chmod(directory, 0o700)  # leases name users and jobs: not for every local user
 
 
-def _private_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    os.close(fd)
-    os.chmod(path, 0o600)
+def _private_file(path: Path, *, create: bool) -> None:
+    """Mode 0600 on `path`, a regular file (made when `create`); LeaseStoreError for a
+    link, a FIFO, a device or a directory in its place. Nothing but a regular file is
+    opened (a device can act when opened)."""
+    try:
+        found = os.lstat(path)
+    except FileNotFoundError:
+        found = None
+    except OSError as exc:
+        raise LeaseStoreError(f"{path}: cannot inspect it: {exc.strerror or exc}") from None
+    if found is None and not create:
+        return
+    if found is not None and not stat.S_ISREG(found.st_mode):
+        kind = "a symbolic link" if stat.S_ISLNK(found.st_mode) else file_kind(found.st_mode)
+        raise LeaseStoreError(f"{path}: {kind}, not the lease database's own file; topod will not follow or "
+                              "open it: move it away")
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
+    except OSError as exc:
+        raise LeaseStoreError(f"{path}: cannot open it: {exc.strerror or exc}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped between the lstat and the open
+            raise LeaseStoreError(f"{path}: replaced while being opened; move it away")
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
