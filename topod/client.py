@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 DEFAULT_SOCKET = "/run/topod/topod.sock"
 _MAX_HEADER_BYTES = 65536
+MAX_WAIT_TIMEOUT_SECONDS = 1e8  # ~3 years: far beyond any [alloc] max_wait_seconds, well within time_t
 
 
 def default_socket() -> str:
@@ -198,8 +199,10 @@ class Client:
 
     def allocate(self, gpus: int, **fields: Any) -> dict:
         wait = float(fields.get("wait") or 0)
-        return self.request("POST", "/v1/leases", {"gpus": gpus, **fields},
-                            timeout=None if wait <= 0 else wait + (self.timeout or 60.0))
+        # The daemon answers by its own [alloc] max_wait_seconds; the socket's limit only
+        # has to be later, and within what the platform's timers take (1e300 overflows).
+        timeout = None if not wait > 0 else min(wait + (self.timeout or 60.0), MAX_WAIT_TIMEOUT_SECONDS)
+        return self.request("POST", "/v1/leases", {"gpus": gpus, **fields}, timeout=timeout)
 
     def leases(self) -> list[dict]:
         return self.request("GET", "/v1/leases")["leases"]

@@ -67,6 +67,40 @@ def test_global_options_go_before_or_after_the_command(h800, capsys):
     assert len(json.loads(capsys.readouterr().out)["gres"]) == 8
 
 
+@pytest.mark.parametrize("argv, words", [
+    (["allocate", "--gpus", "1", "--wait", "inf"], "--wait: expected a finite number of seconds"),
+    (["allocate", "--gpus", "1", "--wait", "nan"], "--wait: expected a finite number of seconds"),
+    (["allocate", "--gpus", "1", "--wait", "-1"], "--wait: must be from 0 to 100000000 seconds"),
+    (["allocate", "--gpus", "1", "--ttl", "1e300"], "--ttl: must be from 0 to 100000000 seconds"),
+    (["renew", "abc", "--ttl=-inf"], "--ttl: expected a finite number of seconds"),
+    (["irq", "plan", "--interval", "1e300"], "--interval: must be from 0 to 100000000 seconds"),
+    (["doctor", "--irq-interval", "inf"], "--irq-interval: expected a finite number of seconds"),
+    (["watch", "--count", "-5"], "--count: must be >= 0"),
+    (["allocate", "--gpus", "1", "--must-include", "1,,2"], "--must-include: expected comma-separated GPU"),
+])
+def test_numbers_no_timer_can_take_are_usage_errors_not_tracebacks(argv, words, capsys):
+    """argparse's float takes inf, nan and 1e300; time.sleep and socket timeouts then
+    raise OverflowError. Each is refused as a usage error, status 2, one line."""
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err
+
+
+def test_must_include_takes_indices_addresses_and_uuids_and_a_huge_wait_fits_a_socket_timeout(monkeypatch):
+    from topod.cli.commands import build_parser as build
+    from topod.client import MAX_WAIT_TIMEOUT_SECONDS, Client
+
+    args = build(["allocate"]).parse_args(["allocate", "--gpus", "2", "--must-include", "0, 0000:13:00.0,GPU-3ea6"])
+    assert args.must_include == [0, "0000:13:00.0", "GPU-3ea6"]
+    sent = {}
+    monkeypatch.setattr(Client, "request", lambda self, method, path, body=None, timeout=None: sent.update(
+        body=body, timeout=timeout) or {})
+    Client("/nonexistent.sock").allocate(1, wait=1e300)
+    assert sent["timeout"] == MAX_WAIT_TIMEOUT_SECONDS and sent["body"]["wait"] == 1e300
+
+
 def test_root_on_a_daemon_command_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["--root", "/x", "leases"])

@@ -113,7 +113,7 @@ def _irq(p: argparse.ArgumentParser) -> None:
     sub = _sub(p, "irq_command", "SUBCOMMAND")
     plan = _leaf(sub, "plan", "show where each device IRQ would go, and why (writes nothing)")
     _irq_common(plan)
-    plan.add_argument("--interval", type=float, default=0.0, metavar="SECONDS",
+    plan.add_argument("--interval", type=_seconds, default=0.0, metavar="SECONDS",
                       help="sample counters this many seconds to plan with measured load (default: counts only)")
     _handler(plan, "topod.cli.irq_cmd:run_plan")
     apply = _leaf(sub, "apply", "run one balancing cycle")
@@ -193,7 +193,7 @@ def _doctor(p: argparse.ArgumentParser) -> None:
                    help="process to check (repeatable); default: every process holding a GPU open")
     p.add_argument("--lease", action="append", default=None, metavar="ID",
                    help="check the processes of this lease (repeatable; needs lease data)")
-    p.add_argument("--irq-interval", type=float, default=0.0, metavar="SECONDS",
+    p.add_argument("--irq-interval", type=_seconds, default=0.0, metavar="SECONDS",
                    help="sample /proc/interrupts twice this far apart to measure IRQ rates "
                         "(default 0: judge IRQs by affinity only)")
     p.add_argument("--leases-file", default=None, metavar="FILE",
@@ -213,12 +213,13 @@ def _request_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cpus-per-gpu", type=_cpus_per_gpu, default=None,
                    help="CPUs leased beside each GPU: a number or 'auto' (default: the daemon's [alloc] "
                         "cpus_per_gpu, auto = each GPU's fair share of its node's whole cores)")
-    p.add_argument("--must-include", default=None, metavar="GPUS", help="comma-separated GPU indices")
+    p.add_argument("--must-include", type=_gpu_names, default=None, metavar="GPUS",
+                   help="comma-separated GPU indices, PCI addresses or UUIDs")
     p.add_argument("--min-memory-mib", type=int, default=None, help="only GPUs with at least this memory")
     p.add_argument("--model", default=None, help="GPU model substring")
     p.add_argument("--preemptible", action="store_true", help="a higher-priority request may preempt this lease")
-    p.add_argument("--ttl", type=float, default=None, metavar="SECONDS", help="lease ends after this many seconds")
-    p.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+    p.add_argument("--ttl", type=_seconds, default=None, metavar="SECONDS", help="lease ends after this many seconds")
+    p.add_argument("--wait", type=_seconds, default=0.0, metavar="SECONDS",
                    help="queue up to this many seconds (0 = fail fast)")
     p.add_argument("--job", default=None, help="free-form job label")
 
@@ -236,7 +237,7 @@ def _release(p: argparse.ArgumentParser) -> None:
 
 def _renew(p: argparse.ArgumentParser) -> None:
     p.add_argument("lease", help="lease id")
-    p.add_argument("--ttl", type=float, default=None, metavar="SECONDS", help="new ttl (default: the lease's)")
+    p.add_argument("--ttl", type=_seconds, default=None, metavar="SECONDS", help="new ttl (default: the lease's)")
     _handler(p, "topod.cli.lease_cmd:run_renew")
 
 
@@ -245,7 +246,7 @@ def _leases(p: argparse.ArgumentParser) -> None:
 
 
 def _watch(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--count", type=int, default=0, help="stop after this many (matching) events")
+    p.add_argument("--count", type=_count, default=0, help="stop after this many (matching) events (0: no limit)")
     p.add_argument("--event", action="extend", nargs="+", default=None, metavar="NAME",
                    help="only these events, e.g. --event lease_granted lease_released (repeatable)")
     _handler(p, "topod.cli.lease_cmd:run_watch")
@@ -327,6 +328,42 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
             _globals(sub, command.host_side)
             command.populate(sub)
     return parser
+
+
+MAX_SECONDS = 1e8  # ~3 years; timers overflow the platform's time_t far above it (1e300 does)
+
+
+def _seconds(text: str) -> float:
+    """A duration: a finite number from 0 to MAX_SECONDS (argparse's float takes 'inf',
+    'nan' and 1e300, which time.sleep and socket timeouts refuse with a traceback)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds, got {text!r}")
+    if not 0 <= value <= MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"must be from 0 to {MAX_SECONDS:.0f} seconds, got {text!r}")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 (0: no limit), got {value}")
+    return value
+
+
+def _gpu_names(text: str) -> list[int | str]:
+    """'0,3' or '0000:17:00.0,GPU-8f1...': indices as numbers, addresses and UUIDs as given
+    (the daemon checks that each names one of its GPUs)."""
+    names = [part.strip() for part in text.split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"expected comma-separated GPU indices, PCI addresses or UUIDs, got {text!r}")
+    return [int(name) if name.isdecimal() else name for name in names]
 
 
 def _cpus_per_gpu(text: str) -> int | str:

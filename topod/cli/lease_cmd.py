@@ -33,7 +33,7 @@ def _request_body(args) -> dict:
         if value is not None:
             body[key] = value
     if args.must_include:
-        body["must_include"] = [int(x) for x in args.must_include.split(",")]
+        body["must_include"] = args.must_include
     if args.preemptible:
         body["preemptible"] = True
     if args.wait:
