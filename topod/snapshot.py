@@ -19,6 +19,7 @@ from topod.discover.fabric import extras_to_json
 from topod.discover.notes import Notes
 from topod.discover.nvml import NVML_FILE, NvmlReport, read_live_nvml
 from topod.host import HostRoot
+from topod.outfile import replaced_whole
 
 CPU_FILES = ("online", "possible", "present", "offline", "isolated", "nohz_full", "kernel_max")
 CPU_TOPOLOGY = ("core_id", "physical_package_id", "die_id", "thread_siblings_list", "core_cpus_list",
@@ -218,7 +219,7 @@ def write_snapshot(host: HostRoot, output: str, top: str) -> int:
     """Write the snapshot; returns the number of entries."""
     count = 0
     now = time.time()
-    with tarfile.open(output, "w:gz") as archive:
+    with replaced_whole(output) as handle, tarfile.open(fileobj=handle, mode="w:gz") as archive:
         seen_dirs: set[str] = set()
         for entry in [*collect(host), *_nvml_entry(host)]:
             _add_parents(archive, top, entry.path, seen_dirs, now)

@@ -101,6 +101,15 @@ def test_must_include_takes_indices_addresses_and_uuids_and_a_huge_wait_fits_a_s
     assert sent["timeout"] == MAX_WAIT_TIMEOUT_SECONDS and sent["body"]["wait"] == 1e300
 
 
+def test_an_output_file_that_cannot_be_written_is_one_line_naming_it(h800, tmp_path):
+    for argv in (["snapshot", str(tmp_path / "no" / "x.tar.gz")],
+                 ["topo", "--format", "dot", "--output", str(tmp_path / "no" / "x.dot")]):
+        done = _topoctl(*argv, "--root", h800)
+        lines = [line for line in done.stderr.splitlines() if not line.startswith("topoctl: root ")]
+        assert done.returncode == 1 and lines == [f"topoctl: {argv[-1]}: No such file or directory"], done.stderr
+    assert not (tmp_path / "no").exists()
+
+
 def test_root_on_a_daemon_command_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["--root", "/x", "leases"])

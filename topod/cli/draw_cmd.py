@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Iterable, Mapping
 
@@ -16,10 +15,10 @@ def draw(topology: Topology, fmt: str, output: str | None, leases: Iterable[obje
 
     data = render(to_dot(build_graph(topology, leases, irq_plan)), fmt)
     if output and output != "-":
-        tmp = f"{output}.tmp{os.getpid()}"
-        with open(tmp, "wb") as handle:  # write-then-rename: no half picture on failure
+        from topod.outfile import replaced_whole
+
+        with replaced_whole(output) as handle:  # no half picture on failure
             handle.write(data)
-        os.replace(tmp, output)
         print(f"wrote {output} ({fmt}, {len(data)} bytes)", file=sys.stderr)
         return 0
     if fmt == "png" and sys.stdout.isatty():

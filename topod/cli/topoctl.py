@@ -120,6 +120,14 @@ def _stdout_failed(exc: StdoutError, stream, as_json: bool) -> int:  # noqa: ANN
     return exits.ERROR
 
 
+def _os_error_text(exc: OSError) -> str:
+    """'/x/y.tar.gz: No such file or directory' (the temp file's name, when the error names
+    one, is what the user did not choose: its directory is what matters)."""
+    name = exc.filename
+    reason = exc.strerror or str(exc)
+    return f"{name}: {reason}" if name else reason
+
+
 def _untranslated() -> None:
     """argparse looks every message up through gettext (a catalogue search per string,
     about 3 ms a start); topoctl's messages are English only, so skip the look-ups."""
@@ -158,6 +166,11 @@ def main(argv: list[str] | None = None) -> int:
 
         _report(exc, getattr(args, "json", False))
         return exit_code_of(exc)
+    except OSError as exc:  # a file the user named (an output path, a full disk): one line, status 1
+        error = TopodError(_os_error_text(exc))
+        error.code = "os_error"
+        _report(error, getattr(args, "json", False))
+        return 1
     except KeyboardInterrupt:
         return 130
     finally:
