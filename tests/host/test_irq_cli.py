@@ -43,9 +43,11 @@ def test_plan_rejects_a_bad_cpu_list_with_a_clear_error(tree, capsys):
     assert "--leased-cpus" in capsys.readouterr().err
 
 
-def test_plan_rejects_a_negative_interval(tree, capsys):
-    assert main(["irq", "plan", "--root", str(tree), "--interval", "-1"]) == 1
-    assert "--interval" in capsys.readouterr().err
+def test_plan_rejects_a_negative_interval_as_a_usage_error(tree, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        main(["irq", "plan", "--root", str(tree), "--interval", "-1"])
+    assert stopped.value.code == 2
+    assert "--interval: must be from 0 to" in capsys.readouterr().err
 
 
 def test_apply_needs_oneshot(tree, capsys):

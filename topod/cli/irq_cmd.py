@@ -49,10 +49,6 @@ def _setup(args: argparse.Namespace, view, leased: list[int]):  # noqa: ANN001 -
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    from topod.errors import ConfigError
-
-    if args.interval < 0:
-        raise ConfigError(f"--interval must be >= 0 seconds, got {args.interval}")
     from topod.cli.daemon_view import find
 
     own = _leased(args)
