@@ -49,6 +49,33 @@ def test_node_name_comes_from_the_trees_hostname(tmp_path):
     host = HostRoot(tmp_path)
     assert node_name_of(host, None) == "h800-a"
     assert node_name_of(host, "given") == "given"
+    (tmp_path / "proc/sys/kernel/hostname").write_text("GPU-Node7\n")
+    assert node_name_of(host, None) == "gpu-node7"  # as the kubelet names its Node
+
+
+@pytest.mark.parametrize("hostname", ["evil\nNodeName=x File=/dev/sda", "node_1", "a" * 254, "-lead", "x..y"])
+def test_a_hostname_that_cannot_name_a_node_is_refused_not_exported(tmp_path, h800, hostname, capsys):
+    """metadata.name must be an RFC 1123 subdomain, or the API server refuses the object."""
+    import shutil
+
+    root = tmp_path / "tree"
+    shutil.copytree(h800, root, symlinks=True)
+    (root / "proc/sys/kernel").mkdir(parents=True, exist_ok=True)
+    (root / "proc/sys/kernel/hostname").write_text(hostname + "\n")
+    assert main(["export", "nrt", "--root", str(root)]) == 1
+    captured = capsys.readouterr()
+    assert "is not a Kubernetes Node name" in captured.err and captured.out == ""
+    assert main(["export", "nrt", "--root", str(root), "--node-name", "gpu01.rack3"]) == 0
+    assert "name: gpu01.rack3" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["a\nNodeName=b Name=gpu File=/dev/sda", "two words", "a=b", "a#b"])
+def test_a_slurm_node_name_that_would_break_gres_conf_is_refused(h800, name, capsys):
+    assert main(["export", "slurm-gres", "--root", h800, "--node-name", name]) == 1
+    captured = capsys.readouterr()
+    assert "cannot be a NodeName in gres.conf" in captured.err and captured.out == ""
+    assert main(["export", "slurm-gres", "--root", h800, "--node-name", "tux[0-3]"]) == 0
+    assert "NodeName=tux[0-3] AutoDetect=off" in capsys.readouterr().out
 
 
 def test_export_nrt_json_is_the_same_object(h800, capsys):

@@ -43,7 +43,8 @@ def _host_and_topology(root: str):
 
 
 def node_name_of(host, given: str | None) -> str:
-    """--node-name, else the tree's hostname, else (live host only) this machine's name."""
+    """--node-name as given, else the tree's hostname, else (live host only) this machine's
+    name; a host name lowercased, as the kubelet names its Node."""
     if given:
         return given
     name = host.read_line("proc/sys/kernel/hostname")
@@ -53,7 +54,7 @@ def node_name_of(host, given: str | None) -> str:
         name = socket.gethostname()
     if not name:
         raise ConfigError(f"--root {host.root}: no hostname in the tree; pass --node-name")
-    return name
+    return name.lower()
 
 
 def _warn(args: argparse.Namespace, warning) -> None:

@@ -13,6 +13,7 @@ kubelet's defaults (policy none, scope container).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -82,6 +83,7 @@ def build_nrt(
     """The NodeResourceTopology object for this host, ready to serialise as YAML or JSON."""
     if not node_name:
         raise ConfigError("export nrt: a node name is required (the Kubernetes Node's name)")
+    check_node_name(node_name)
     settings = settings or NrtSettings()
     model = distances or DistanceModel(topology)
     leased_gpu_set = set(leased_gpus)
@@ -110,6 +112,19 @@ def build_nrt(
         "attributes": attributes,
         "zones": zones,
     }
+
+
+# A Node's name is a DNS subdomain (RFC 1123): what the API server takes as metadata.name.
+_DNS_LABEL = "[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_NODE_NAME = re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*")
+NODE_NAME_MAX = 253
+
+
+def check_node_name(name: str) -> None:
+    """ConfigError unless `name` can be a Kubernetes Node's name."""
+    if len(name) > NODE_NAME_MAX or not _NODE_NAME.fullmatch(name):
+        raise ConfigError(f"export nrt: {name!r} is not a Kubernetes Node name (an RFC 1123 subdomain: lowercase "
+                          f"letters, digits, '-' and '.', at most {NODE_NAME_MAX}); pass --node-name")
 
 
 def zone_name(node_id: int) -> str:

@@ -80,6 +80,8 @@ def gres_lines(
     distances: DistanceModel | None = None,
 ) -> tuple[GresLine, ...]:
     """One line per GPU in PCI bus order; Links= columns follow the same order."""
+    if node_name is not None:
+        check_node_name(node_name)
     model = distances or DistanceModel(topology)
     gpus = sorted(topology.gpus, key=lambda gpu: gpu.address)
     core_of = slurm_core_indices(topology)
@@ -112,6 +114,16 @@ def _near_cores(topology: Topology, gpu: Gpu, core_of: dict[int, int]) -> tuple[
     # A GPU on a CPU-less node is nearest to that node's local_cpus (the closest CPUs).
     cpus = node.cpus or node.local_cpus
     return tuple(sorted({core_of[cpu] for cpu in cpus if cpu in core_of}))
+
+
+def check_node_name(name: str) -> None:
+    """ConfigError for a NodeName that would break gres.conf's one-line, space-separated
+    key=value format (a space, '=', '#', a control character: a newline would add lines)."""
+    from topod.errors import ConfigError
+
+    if not name or any(ch.isspace() or ch in "=#" or not ch.isprintable() for ch in name):
+        raise ConfigError(f"export slurm-gres: {name!r} cannot be a NodeName in gres.conf (no spaces, '=', '#' "
+                          "or control characters)")
 
 
 def render_gres_conf(
