@@ -80,3 +80,27 @@ def test_topoctl_parser_accepts_doctor_when_wired():
     # topoctl imports topod.cli.doctor_cmd by name: the module must register cleanly.
     args = build_parser().parse_args(["doctor", "--root", "/x", "--pid", "1", "--pid", "2", "--json"])
     assert args.pid == [1, 2] and args.json
+
+
+def test_a_gpu_process_whose_placement_cannot_be_read_is_not_called_ok(demo, tmp_path, capsys):
+    """No finding is "ok" only when doctor could see where the process runs; a process with
+    nothing readable but its open /dev/nvidia0 is reported as not checked."""
+    import shutil
+
+    root = tmp_path / "host"
+    shutil.copytree(demo, root, symlinks=True)
+    proc = root / "proc" / "4100"
+    for part in proc.iterdir():
+        if part.name != "fd":
+            shutil.rmtree(part) if part.is_dir() and not part.is_symlink() else part.unlink()
+    (proc / "stat").write_text("garbage\n")
+    assert main(["doctor", "--root", str(root), "--pid", "4100"]) == 0
+    out = capsys.readouterr().out
+    assert "not checked: none of its threads' CPUs, allowed CPUs or memory could be read" in out
+    assert "ok: threads" not in out and out.rstrip().endswith("— 1 process(es) not checked")
+    assert main(["doctor", "--root", str(root), "--pid", "4100", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["unchecked_processes"] == 1 and doc["processes"][0]["placement_known"] is False
+    assert main(["doctor", "--root", str(demo), "--pid", "4100", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["unchecked_processes"] == 0 and doc["processes"][0]["placement_known"] is True

@@ -29,6 +29,13 @@ class ProcessReport:
     job: Job
     findings: tuple[Finding, ...]
 
+    @property
+    def placement_known(self) -> bool:
+        """Whether anything says where it runs or keeps memory: no finding means "fine"
+        only then."""
+        process = self.job.process
+        return bool(process.last_cpus or process.memory_kib or process.cpus_allowed)
+
     def to_json(self, topology: Topology) -> dict[str, object]:
         process = self.job.process
         return {
@@ -46,6 +53,7 @@ class ProcessReport:
             "memory_mib_by_node": {str(n): kib // 1024 for n, kib in sorted(process.memory_kib.items())},
             "env": dict(sorted(process.env.items())),
             "unreadable": list(process.unreadable),
+            "placement_known": self.placement_known,
             "findings": [f.to_json() for f in self.findings],
         }
 
@@ -71,6 +79,11 @@ class DoctorReport:
         """No error or warning (info findings are advice, not faults)."""
         counts = self.counts()
         return counts["error"] == 0 and counts["warning"] == 0
+
+    @property
+    def unchecked_processes(self) -> int:
+        """GPU processes whose placement could not be read: no finding says nothing of them."""
+        return sum(1 for process in self.processes if not process.placement_known)
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +195,7 @@ def report_to_json(report: DoctorReport) -> dict[str, object]:
         "root": report.root,
         "healthy": report.healthy,
         "counts": report.counts(),
+        "unchecked_processes": report.unchecked_processes,
         "notes": list(report.notes),
         "processes": [p.to_json(report.topology) for p in report.processes],
         "job_findings": [f.to_json() for f in report.job_findings],
@@ -197,8 +211,12 @@ def render_text(report: DoctorReport, *, verbose: bool = False) -> str:
     for process in report.processes:
         lines.append("")
         lines.append(_process_header(process, topology))
-        if not process.findings:
+        if not process.findings and process.placement_known:
             lines.append("  ok: threads and memory on its GPU's NUMA node; no device IRQs on its cores")
+        elif not process.findings:
+            unreadable = ", ".join(process.job.process.unreadable) or "none"
+            lines.append("  not checked: none of its threads' CPUs, allowed CPUs or memory could be read "
+                         f"(unreadable: {unreadable}); doctor does not guess")
         lines += [line for finding in process.findings for line in _finding_lines(finding, verbose)]
     for title, findings in (("jobs", report.job_findings), ("host", report.host_findings)):
         if findings:
@@ -206,9 +224,11 @@ def render_text(report: DoctorReport, *, verbose: bool = False) -> str:
             lines.append(f"{title}:")
             lines += [line for finding in findings for line in _finding_lines(finding, verbose)]
     counts = report.counts()
+    unchecked = report.unchecked_processes
+    verdict = (" — healthy" if report.healthy and not unchecked
+               else f" — {unchecked} process(es) not checked" if report.healthy else "")
     lines.append("")
-    lines.append(f"{counts['error']} error(s), {counts['warning']} warning(s), {counts['info']} info"
-                 + (" — healthy" if report.healthy else ""))
+    lines.append(f"{counts['error']} error(s), {counts['warning']} warning(s), {counts['info']} info{verdict}")
     return "\n".join(lines) + "\n"
 
 
