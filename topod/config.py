@@ -15,6 +15,7 @@ from topod.alloc.policy import PolicySettings
 from topod.discover.udev import UdevSettings
 from topod.cpulist import parse_cpulist
 from topod.errors import ConfigError
+from topod.export.labels import parse_cluster_labels
 from topod.textfile import read_text_file
 from topod.irq.settings import DEFAULTS as IRQ_DEFAULTS
 from topod.irq.settings import IRQBALANCE_CHOICES
@@ -165,7 +166,8 @@ def parse_config(text: str, source: str | None = None) -> Config:
         if not isinstance(table, dict):
             raise ConfigError(f"{section}: expected a table")
         if section == "cluster":
-            config.values["cluster"] = _cluster_labels(table)
+            # One rule for the labels, the exporters' (they become NRT attribute names).
+            config.values["cluster"] = parse_cluster_labels(table)
             continue
         for key, value in table.items():
             config.values[section][key] = _validate(section, key, value)
@@ -239,17 +241,6 @@ def _validate(section: str, key: str, value: Any) -> Any:
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
     return value
-
-
-def _cluster_labels(table: dict[str, Any]) -> dict[str, str]:
-    labels = {}
-    for key, value in table.items():
-        if not isinstance(value, str):
-            raise ConfigError(f"cluster.{key}: expected a string label")
-        if not key.replace("-", "").replace("_", "").replace(".", "").isalnum() or len(key) > 63:
-            raise ConfigError(f"cluster.{key}: label keys are letters, digits, '-', '_' and '.' (at most 63)")
-        labels[key] = value
-    return labels
 
 
 def cpus(config: Config, section: str, key: str) -> list[int]:

@@ -36,6 +36,11 @@ def test_shipped_config_is_valid_and_documents_every_key():
         ("[daemon]\nsocket_mode = '0999'\n", "daemon.socket_mode: expected an octal mode"),
         ("[cluster]\nrack = 12\n", "cluster.rack: expected a string"),
         ("[cluster]\n'bad key!' = 'x'\n", "cluster.bad key!"),
+        # the exporters' rule: a newline would add a line to topology.conf, an upper-case
+        # key is no NRT attribute name
+        ("[cluster]\nleaf = \"a\\nSwitchName=x\"\n", "cluster.leaf: value contains control characters"),
+        ("[cluster]\nRack = 'r1'\n", "cluster.Rack: bad key 'Rack'"),
+        ("[cluster]\nrack = ''\n", "cluster.rack: empty value"),
         ("this is not toml", "not valid TOML"),
         ("[irq]\ninterval_seconds = nan\n", "irq.interval_seconds: must be a finite number"),
         ("[daemon]\nrescan_interval_seconds = inf\n", "daemon.rescan_interval_seconds: must be a finite number"),
