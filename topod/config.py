@@ -16,12 +16,12 @@ from topod.discover.udev import UdevSettings
 from topod.cpulist import parse_cpulist
 from topod.errors import ConfigError
 from topod.export.labels import parse_cluster_labels
-from topod.textfile import read_text_file
 from topod.irq.settings import DEFAULTS as IRQ_DEFAULTS
 from topod.irq.settings import IRQBALANCE_CHOICES
 from topod.irq.settings import MODES as IRQ_MODES
 from topod.probe.sampler import SamplerSettings
 from topod.service.lease_store import SYNCHRONOUS
+from topod.textfile import read_text_file
 
 # Each default lives with the code that uses it; the schema takes it from there.
 _POLICY = PolicySettings()
@@ -185,14 +185,14 @@ def _check_ranges(config: Config) -> None:
                               f"{section}.{high} ({config.get(section, high):g})")
 
 
+MAX_CONFIG_BYTES = 1 << 20  # the documented file is ~10 KiB
+
+
 def load_config(path: str | None) -> Config:
     """Defaults when path is None; ConfigError naming the file and key otherwise."""
     if path is None:
         return defaults()
     return parse_config(read_text_file(path, MAX_CONFIG_BYTES), path)
-
-
-MAX_CONFIG_BYTES = 1 << 20  # the documented file is ~10 KiB
 
 
 def _validate(section: str, key: str, value: Any) -> Any:

@@ -89,6 +89,24 @@ def read_cap(rel: str) -> int:
     return CAPS_BY_PATH.get(rel, READ_CAP)
 
 
+def read_capped(fd: int, size_hint: int, cap: int) -> bytes:
+    """An open file's bytes, at most cap + 1 of them (one more than allowed: the caller
+    tells "over the cap" without reading the rest). sysfs says 4096 and procfs 0 for
+    every file, so the size is known only by reading; a file on disk that gave exactly
+    its size is whole (one read, not two)."""
+    first = os.read(fd, min(cap + 1, max(size_hint + 1, 8192)))
+    if not first or len(first) > cap or len(first) == size_hint:
+        return first
+    chunks = [first]
+    total = len(first)
+    while chunk := os.read(fd, min(_CHUNK, cap + 1 - total)):
+        chunks.append(chunk)
+        total += len(chunk)
+        if total > cap:
+            break
+    return b"".join(chunks) if len(chunks) > 1 else first
+
+
 def file_kind(mode: int) -> str:
     if stat.S_ISDIR(mode):
         return "a directory"
@@ -264,21 +282,7 @@ class HostRoot:
                 raise _fail(NotARegularFileError, rel, "replaced by something else while opening; not read")
             if before is None and opened.st_size > cap:
                 raise _fail(HostFileTooLargeError, rel, f"{opened.st_size} bytes, over the {cap}-byte cap; not read")
-            # sysfs says 4096 and procfs 0 for every file: the size is known only by reading.
-            # A file on disk that gave exactly its size is whole (one read, not two).
-            size = opened.st_size
-            first = os.read(fd, min(cap + 1, max(size + 1, 8192)))
-            if first and len(first) <= cap and len(first) != size:
-                chunks = [first]
-                total = len(first)
-                while chunk := os.read(fd, min(_CHUNK, cap + 1 - total)):
-                    chunks.append(chunk)
-                    total += len(chunk)
-                    if total > cap:
-                        break
-                data = b"".join(chunks) if len(chunks) > 1 else first
-            else:
-                data = first
+            data = read_capped(fd, opened.st_size, cap)
         except OSError as exc:
             raise _os_failure(rel, exc) from None
         finally:

@@ -12,7 +12,7 @@ import os
 import stat
 
 from topod.errors import ConfigError
-from topod.host import file_kind
+from topod.host import file_kind, read_capped
 
 _DEV_NULL = os.makedev(1, 3)
 
@@ -43,13 +43,10 @@ def _read_opened(path: str, name: str, before: os.stat_result, limit: int) -> by
         opened = os.fstat(fd)
         if (opened.st_dev, opened.st_ino) != (before.st_dev, before.st_ino) or not stat.S_ISREG(opened.st_mode):
             raise ConfigError(f"{name}: replaced while being opened; not read")
-        chunks, size = [], 0
-        while size <= limit and (chunk := os.read(fd, limit + 1 - size)):
-            chunks.append(chunk)
-            size += len(chunk)
+        data = read_capped(fd, opened.st_size, limit)
     finally:
         os.close(fd)
-    if size > limit:  # it grew after the stat
+    if len(data) > limit:  # it grew after the stat
         raise ConfigError(f"{name}: over the {limit}-byte limit; not read")
-    return b"".join(chunks)
+    return data
 

@@ -180,12 +180,18 @@ def request_limits(backend: Backend) -> RequestLimits:
     return limits if isinstance(limits, RequestLimits) else RequestLimits()
 
 
-def max_body_bytes(backend: Backend) -> int:
+def _api_setting(backend: Backend, key: str, kind: type, default: Any) -> Any:
+    """[api] `key` of the backend's current config (it follows a reload), else `default`
+    (a backend without a config: tools, tests of parts)."""
     config = getattr(backend, "config", None)
     try:
-        return int(config.get("api", "max_body_bytes"))
+        return kind(config.get("api", key))
     except (AttributeError, KeyError, TypeError, ValueError):
-        return DEFAULT_MAX_BYTES
+        return default
+
+
+def max_body_bytes(backend: Backend) -> int:
+    return _api_setting(backend, "max_body_bytes", int, DEFAULT_MAX_BYTES)
 
 
 DEFAULT_SILENCE_SECONDS = 30.0
@@ -194,11 +200,7 @@ DEFAULT_SILENCE_SECONDS = 30.0
 def body_silence_seconds(backend: Backend) -> float:
     """How long a body may stall: [api] idle_timeout_seconds, the limit on a silent
     connection, which aiohttp applies only until the headers are complete."""
-    config = getattr(backend, "config", None)
-    try:
-        return float(config.get("api", "idle_timeout_seconds"))
-    except (AttributeError, KeyError, TypeError, ValueError):
-        return DEFAULT_SILENCE_SECONDS
+    return _api_setting(backend, "idle_timeout_seconds", float, DEFAULT_SILENCE_SECONDS)
 
 
 async def read_body(request: web.Request, limit: int, silence: float = DEFAULT_SILENCE_SECONDS) -> bytes:

@@ -27,15 +27,17 @@ class StdoutError(Exception):
 _CONTROLS = {code: f"\\x{code:02x}" for code in (*range(0x00, 0x09), *range(0x0B, 0x20), *range(0x7F, 0xA0))}
 
 
+def _is_terminal(stream) -> bool:  # noqa: ANN001 - any stream
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):  # a closed or capture stream
+        return False
+
+
 def terminal_safe(text: str, stream) -> str:  # noqa: ANN001 - any text stream
     """`text` with control characters shown as \\xNN when `stream` is a terminal; as it
     is otherwise (a pipe or a file gets the exact bytes)."""
-    try:
-        if not stream.isatty():
-            return text
-    except (AttributeError, ValueError, OSError):
-        return text
-    return text.translate(_CONTROLS)
+    return text.translate(_CONTROLS) if _is_terminal(stream) else text
 
 
 class _GuardedStream:
@@ -44,10 +46,7 @@ class _GuardedStream:
 
     def __init__(self, stream) -> None:  # noqa: ANN001 - a text or binary stream
         self._stream = stream
-        try:
-            self._terminal = bool(stream.isatty())
-        except (AttributeError, ValueError, OSError):
-            self._terminal = False
+        self._terminal = _is_terminal(stream)
 
     def write(self, data):  # noqa: ANN001, ANN201
         if self._terminal and isinstance(data, str):
@@ -121,11 +120,9 @@ def _stdout_failed(exc: StdoutError, stream, as_json: bool) -> int:  # noqa: ANN
 
 
 def _os_error_text(exc: OSError) -> str:
-    """'/x/y.tar.gz: No such file or directory' (the temp file's name, when the error names
-    one, is what the user did not choose: its directory is what matters)."""
-    name = exc.filename
+    """'/x/y.tar.gz: No such file or directory' (topod.outfile names the file asked for)."""
     reason = exc.strerror or str(exc)
-    return f"{name}: {reason}" if name else reason
+    return f"{exc.filename}: {reason}" if exc.filename else reason
 
 
 def _untranslated() -> None:

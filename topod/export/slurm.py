@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from topod.cpulist import format_cpulist
 from topod.distance import DistanceModel
+from topod.errors import ConfigError
 from topod.model import Gpu, Topology
 
 
@@ -119,8 +120,6 @@ def _near_cores(topology: Topology, gpu: Gpu, core_of: dict[int, int]) -> tuple[
 def check_node_name(name: str) -> None:
     """ConfigError for a NodeName that would break gres.conf's one-line, space-separated
     key=value format (a space, '=', '#', a control character: a newline would add lines)."""
-    from topod.errors import ConfigError
-
     if not name or any(ch.isspace() or ch in "=#" or not ch.isprintable() for ch in name):
         raise ConfigError(f"export slurm-gres: {name!r} cannot be a NodeName in gres.conf (no spaces, '=', '#' "
                           "or control characters)")

@@ -108,7 +108,7 @@ class LeaseStore:
             raise LeaseStoreError(f"lease database {self.path}: {exc}. topod leaves it untouched and will not "
                                   "guess which GPUs it held: repair it, or move it away to start with no "
                                   "leases") from None
-        for suffix in ("-wal", "-shm"):
+        for suffix in ("-wal", "-shm"):  # SQLite has just made them, with the umask's mode
             _private_file(Path(f"{self.path}{suffix}"), create=False)
         # The database is the truth; the mirror spares a query per read and lets a
         # decision see changes whose commit is still in flight.

@@ -114,6 +114,9 @@ def refusal(code: str, message: str, status: str = "503 Service Unavailable") ->
             f"Content-Length: {len(body)}\r\nConnection: close\r\nRetry-After: 1\r\n\r\n").encode() + body
 
 
+LOG_EVERY_SECONDS = 10.0
+
+
 class ConnectionGate:
     """Counts open API connections; refuses beyond the ceiling; rate-limits accept errors."""
 
@@ -128,10 +131,9 @@ class ConnectionGate:
         self._burst = 0  # failures in the current burst (0: none in progress)
         self._burst_started = 0.0
         self._burst_logged = False
-        self._last_failure_log = -1e9
-        self._last_refusal_log = -1e9
         self.malformed = 0  # requests aiohttp could not parse, since start
-        self._last_malformed_log = -1e9
+        # Under a flood each kind of trouble is logged once per LOG_EVERY_SECONDS, with a count.
+        self._last_logged = {kind: -1e9 for kind in ("refused", "accept_failed", "malformed")}
 
     @property
     def ceiling(self) -> int:
@@ -142,9 +144,7 @@ class ConnectionGate:
         self.accepted()
         if self.active >= self.ceiling:
             self.refused += 1
-            now = self.clock()
-            if now - self._last_refusal_log >= 10.0:  # one line per 10 s under a flood
-                self._last_refusal_log = now
+            if self._due("refused"):
                 log.warning("connection_refused", reason="too_many_connections", active=self.active,
                             max_connections=self.ceiling, refused_total=self.refused)
             return False
@@ -168,11 +168,9 @@ class ConnectionGate:
         flood bursts follow each other, so at most one burst is logged per 10 s."""
         self.accept_failures += 1
         if not self._burst:
-            now = self.clock()
-            self._burst_started = now
-            self._burst_logged = now - self._last_failure_log >= 10.0
+            self._burst_started = self.clock()
+            self._burst_logged = self._due("accept_failed")
             if self._burst_logged:
-                self._last_failure_log = now
                 log.warning("accept_failed", error=_errno_name(exc), active=self.active,
                             max_connections=self.ceiling, descriptor_limit=self.nofile,
                             accept_failures_total=self.accept_failures,
@@ -183,11 +181,17 @@ class ConnectionGate:
         """A request that was not HTTP topod can parse. One line per 10 s under a flood:
         the log must not grow with what a client sends."""
         self.malformed += 1
-        now = self.clock()
-        if now - self._last_malformed_log >= 10.0:
-            self._last_malformed_log = now
+        if self._due("malformed"):
             log.warning("http_request_malformed", status=status, reason=reason, malformed_total=self.malformed,
                         note="logged at most once per 10 s")
+
+    def _due(self, kind: str) -> bool:
+        """True (and the clock restarted) when `kind` was last logged LOG_EVERY_SECONDS ago."""
+        now = self.clock()
+        if now - self._last_logged[kind] < LOG_EVERY_SECONDS:
+            return False
+        self._last_logged[kind] = now
+        return True
 
     def exception_handler(self, previous):
         """A loop exception handler: accept() resource errors are counted here, the rest
