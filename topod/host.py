@@ -368,18 +368,23 @@ class HostRoot:
         return "/" if real == root else None
 
     def write(self, rel: str, text: str) -> None:
-        """Write text to a host file; the only way topod changes the host."""
+        """Write text to a host file; the only way topod changes the host. The write
+        follows no link below the root and opens only a regular file, never blocking
+        (topod.beneath); a refusal is a HostWriteError with the errno (ELOOP, EXDEV, ENXIO)."""
         if self.write_fault is not None:
             try:
                 self.write_fault(rel, text)
             except OSError as exc:
                 raise HostWriteError(rel, exc.errno or errno.EIO, os.strerror(exc.errno or errno.EIO)) from exc
+        from topod.beneath import write_beneath
+
         try:
-            with open(self.path(rel), "w", encoding="ascii") as handle:
-                handle.write(text)
+            write_beneath(self._prefix or "/", rel, text.encode("ascii"))
         except OSError as exc:
             code = exc.errno or errno.EIO
-            raise HostWriteError(rel, code, os.strerror(code)) from exc
+            reason = {errno.ELOOP: "a symbolic link below the root; not followed, not written",
+                      errno.EXDEV: "outside the root; not written"}.get(code, exc.strerror or os.strerror(code))
+            raise HostWriteError(rel, code, reason) from exc
 
 
 class HostDir:
