@@ -350,3 +350,34 @@ def test_no_cpus_because_unreadable_is_one_clear_error(host_tree):
     os.mkfifo(cpu_dir / "online")
     with pytest.raises(NotAHostTreeError, match=r"online: a FIFO where a file was expected"):
         _discover(root)
+
+
+def test_duplicate_gpu_index_in_nvml_json_is_a_warning_and_the_later_gpu_is_not_offered(host_tree):
+    from topod.topojson import topology_to_json
+
+    root = host_tree("h800-8gpu")
+    before = _discover(root).nvlink.island_links
+    data = json.loads((root / "nvml.json").read_text())
+    data["gpus"][5]["index"] = 2  # two entries say "GPU 2"; the one later in the file loses
+    dropped = data["gpus"][5]["pci_bus_id"].lower()[-12:]
+    (root / "nvml.json").write_text(json.dumps(data))
+    topo = _discover(root)
+    assert sorted(g.index for g in topo.gpus) == [0, 1, 2, 3, 4, 6, 7]
+    assert dropped not in {g.address for g in topo.gpus}  # not merged into GPU 2, not renumbered
+    assert topo.gpu(2).address == data["gpus"][2]["pci_bus_id"].lower()[-12:]
+    (warning,) = _warnings(topo, "duplicate_gpu")
+    assert "GPU index 2" in warning.reason and "not offered" in warning.reason
+    assert any(w["code"] == "duplicate_gpu" for w in topology_to_json(topo)["warnings"])  # what /v1/topology shows
+    assert topo.nvlink.island_links[2] == before[2]  # its links are not counted as GPU 2's
+    assert 5 not in topo.nvlink.island_links
+
+
+def test_duplicate_gpu_address_in_nvml_json_is_a_warning_too(host_tree):
+    root = host_tree("h800-8gpu")
+    data = json.loads((root / "nvml.json").read_text())
+    data["gpus"][6]["pci_bus_id"] = data["gpus"][1]["pci_bus_id"]
+    (root / "nvml.json").write_text(json.dumps(data))
+    topo = _discover(root)
+    assert sorted(g.index for g in topo.gpus) == [0, 1, 2, 3, 4, 5, 7]
+    assert len({g.address for g in topo.gpus}) == 7
+    assert len(_warnings(topo, "duplicate_gpu")) == 1

@@ -135,7 +135,7 @@ def read_nvml(host: HostRoot, notes: Notes, *, allow_live: bool = True, expect_g
     if host.is_live and allow_live and expect_gpus:
         report = read_live_nvml(notes)
         if report is not None:
-            return report
+            return without_duplicates(report, notes)
     text = host.read(NVML_FILE)
     if text is None:
         if not expect_gpus:
@@ -143,10 +143,36 @@ def read_nvml(host: HostRoot, notes: Notes, *, allow_live: bool = True, expect_g
         notes.add("no_nvml", NVML_FILE, "no NVML driver and no nvml.json: GPU names, UUIDs and NVLink unknown")
         return None
     try:
-        return parse_nvml_json(text)
+        return without_duplicates(parse_nvml_json(text), notes)
     except ValueError as exc:
         notes.add("bad_value", NVML_FILE, f"ignored: {exc}")
         return None
+
+
+def without_duplicates(report: NvmlReport, notes: Notes) -> NvmlReport:
+    """The report less every GPU whose index or PCI address an earlier entry already
+    has, each one a `duplicate_gpu` warning: two GPUs under one index would make one lease
+    name two devices, so the later one is not offered (never merged, never renumbered)."""
+    kept: list[NvmlGpu] = []
+    indices: dict[int, str] = {}
+    addresses: dict[str, int] = {}
+    for position, gpu in enumerate(report.gpus):
+        if gpu.index in indices:
+            notes.add("duplicate_gpu", f"{NVML_FILE}:gpus[{position}]",
+                      f"GPU index {gpu.index} ({gpu.pci_bus_id}) is already GPU {gpu.index} "
+                      f"({indices[gpu.index]}); this one is not offered")
+            continue
+        if gpu.pci_bus_id in addresses:
+            notes.add("duplicate_gpu", f"{NVML_FILE}:gpus[{position}]",
+                      f"GPU {gpu.index} has the PCI address {gpu.pci_bus_id} of GPU {addresses[gpu.pci_bus_id]}; "
+                      "this one is not offered")
+            continue
+        indices[gpu.index] = gpu.pci_bus_id
+        addresses[gpu.pci_bus_id] = gpu.index
+        kept.append(gpu)
+    if len(kept) == len(report.gpus):
+        return report
+    return NvmlReport(source=report.source, driver_version=report.driver_version, gpus=tuple(kept))
 
 
 def read_live_nvml(notes: Notes) -> NvmlReport | None:
