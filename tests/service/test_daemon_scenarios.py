@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -18,6 +19,40 @@ import pytest
 
 
 WATCHDOG_USEC = 1_000_000  # pings every 0.5 s
+LINK_TABLES = Path(__file__).resolve().parents[1] / "fixtures" / "links"
+PROMTOOL = shutil.which("promtool")
+
+
+def live_profile(table: Path = LINK_TABLES / "pcie-8gpu-uplink-degrades.json") -> str:
+    """What defaults on for `/`, on a fixture root: link probing (the simulated backend
+    stands in for host memory copies, which would measure this machine), IRQ balancing
+    in the daemon's default mode through its worker process."""
+    return (f'[probe]\nbackend = "simulated"\nsimulated_table = "{table}"\n'
+            "min_interval_seconds = 1.0\nmax_interval_seconds = 5.0\n")
+
+
+def scrape_metrics(socket_path: str) -> tuple[int, str]:
+    raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    raw.settimeout(10)
+    raw.connect(socket_path)
+    raw.sendall(b"GET /metrics HTTP/1.1\r\nHost: topod\r\nConnection: close\r\n\r\n")
+    data = b""
+    while chunk := raw.recv(65536):
+        data += chunk
+    raw.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), body.decode()
+
+
+def check_metrics(socket_path: str) -> str:
+    """GET /metrics answers 200 and, where promtool is installed, passes its lint."""
+    status, text = scrape_metrics(socket_path)
+    assert status == 200, text[-2000:]
+    assert "topod_build_info" in text
+    if PROMTOOL:
+        lint = subprocess.run([PROMTOOL, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30)
+        assert lint.returncode == 0, lint.stdout + lint.stderr
+    return text
 
 
 class NotifyListener:
@@ -96,6 +131,7 @@ class Scenario:
         assert _wait_until(lambda: self.notify.pings_since(since) >= 1, timeout=5), "the watchdog stopped pinging"
         if not expect_degraded:
             assert health["status"] == "ok", health
+        check_metrics(self.daemon.socket)
         return health
 
     def close(self) -> None:
@@ -410,3 +446,14 @@ def test_reserved_cpus_per_node_keeps_each_nodes_first_cores_out_of_leases(daemo
     siblings = {s for cpu in topology["cpus"] if cpu["id"] in first for s in cpu["siblings"]}
     held = {cpu for lease in [client.allocate(4), client.allocate(4)] for cpu in lease["cpus"]}
     assert held and not held & (first | siblings), sorted(held & (first | siblings))
+
+
+def test_live_profile_metrics_answer_while_links_are_probed(scenario):
+    s = scenario(host="pcie-8gpu", config=live_profile())
+    links = _wait_until(lambda: (a := s.client.request("GET", "/v1/links"))["enabled"] and
+                        any(row["measured_gbps"] for row in a["links"]) and a, timeout=20)
+    assert links, s.client.request("GET", "/v1/links")
+    text = check_metrics(s.daemon.socket)
+    assert "topod_link_bandwidth_bytes_per_second{" in text, text[-2000:]
+    assert "topod_probe_duration_seconds" in text
+    s.check()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from topod import __version__
 
 
@@ -30,7 +32,9 @@ def metrics_snapshot(daemon) -> dict:
     probe = daemon.probe
     if probe is not None and probe.backend is not None:
         links = []
-        for row in probe.state.rows(0.0):
+        # The probe's link table (LinkState) holds the rows; HostState holds only the
+        # corrections derived from them.
+        for row in probe.links.rows(time.time()):
             if row["measured_gbps"] is None:
                 continue
             _, src, dst = str(row["link"]).split("/", 2)
