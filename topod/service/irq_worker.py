@@ -9,7 +9,9 @@ its stdin/stdout: no multiprocessing machinery, no semaphores, no resource-track
 process. The daemon sends the topology only when it changed and gets back what it shows
 after each cycle: events, health, STATUS= text and per-CPU interrupt rates. The full plan
 (/v1/irqs, thousands of entries on a big host) is fetched only when asked for. A child
-that dies is replaced on the next call (the supervised loop reports the failure).
+that dies is replaced at once and the call is made again on the replacement, which is
+sent the topology first (an `irq_worker_replaced` warning names the old pid and how it
+ended); only a replacement that dies too fails the call (the supervised loop reports that).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import pickle
 import signal
 import struct
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
@@ -128,6 +131,20 @@ def child_main() -> int:
 
 
 # -- the daemon's side -------------------------------------------------------------------
+async def _reap(process: asyncio.subprocess.Process) -> None:
+    """A worker whose pipe broke: wait for its end (killing it if it lingers)."""
+    try:
+        async with asyncio.timeout(1.0):
+            await process.wait()
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+
+
+def _exit_text(code: int) -> str:
+    return f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+
+
 class IrqWorker:
     def __init__(self, root: str, section: dict[str, Any]) -> None:
         self.root = root
@@ -138,8 +155,12 @@ class IrqWorker:
         self.starts = 0
 
     async def _ensure(self) -> asyncio.subprocess.Process:
-        if self._process is not None and self._process.returncode is None:
-            return self._process
+        previous = self._process
+        if previous is not None:
+            if previous.returncode is None:
+                return previous
+            log.warning("irq_worker_replaced", pid=previous.pid, exit=_exit_text(previous.returncode),
+                        reason="the IRQ worker process ended; a new one is sent the topology before it plans")
         self._process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "topod.service.irq_worker", stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE)
@@ -153,20 +174,27 @@ class IrqWorker:
         data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
         process.stdin.write(FRAME.pack(len(data)) + data)
 
-    async def _call(self, request: tuple) -> Any:
-        process = await self._ensure()
-        try:
-            self._send(process, request)
-            await process.stdin.drain()
-            header = await process.stdout.readexactly(FRAME.size)
-            status, value = pickle.loads(await process.stdout.readexactly(FRAME.unpack(header)[0]))
-        except (asyncio.IncompleteReadError, ConnectionError, BrokenPipeError) as exc:
-            self._process = None
-            raise RuntimeError(f"the IRQ worker process died ({type(exc).__name__}); "
-                               "a new one starts on the next cycle") from None
-        if status != "ok":
-            raise RuntimeError(f"IRQ worker: {value}")
-        return value
+    async def _call(self, request: Callable[[], tuple]) -> Any:
+        """`request` is built after the worker is known to run, so that what it carries
+        (the topology, or None when this worker already has it) matches that worker."""
+        for attempt in (1, 2):
+            process = await self._ensure()
+            try:
+                self._send(process, request())
+                await process.stdin.drain()
+                header = await process.stdout.readexactly(FRAME.size)
+                status, value = pickle.loads(await process.stdout.readexactly(FRAME.unpack(header)[0]))
+            except (asyncio.IncompleteReadError, ConnectionError, BrokenPipeError) as exc:
+                await _reap(process)  # _ensure then logs and replaces it
+                if attempt == 2:
+                    raise RuntimeError(f"the IRQ worker process died ({type(exc).__name__}, "
+                                       f"{_exit_text(process.returncode)}) twice in one call; a new one starts on "
+                                       "the next cycle") from None
+                continue
+            if status != "ok":
+                raise RuntimeError(f"IRQ worker: {value}")
+            return value
+        raise AssertionError("unreachable")
 
     @property
     def pid(self) -> int | None:
@@ -175,17 +203,17 @@ class IrqWorker:
 
     async def configure(self, section: dict[str, Any]) -> None:
         self.section = dict(section)
-        await self._call(("configure", self.section))
+        await self._call(lambda: ("configure", self.section))
 
     async def run(self, full: bool, topology: Topology, leased: frozenset[int]) -> Outcome:
-        outcome = await self._call(("run", full, None if topology is self._sent else topology, leased))
+        outcome = await self._call(lambda: ("run", full, None if topology is self._sent else topology, leased))
         self._sent = topology
         return outcome
 
     async def report(self) -> dict[str, Any]:
         if self._process is None:
             return {}
-        return await self._call(("report",))
+        return await self._call(lambda: ("report",))
 
     async def close(self) -> None:
         process, self._process = self._process, None
