@@ -65,7 +65,7 @@ class Backend(Protocol):
     def health(self) -> dict: ...
     async def irq_report(self) -> dict: ...
     def links_report(self) -> dict: ...
-    def telemetry(self, body: Any) -> dict: ...
+    def telemetry(self, body: Any, caller: Any) -> dict: ...
     def metrics_text(self) -> str: ...
     def lease_json(self, lease) -> dict: ...
     def lease_text(self, lease) -> str | None: ...
@@ -253,6 +253,7 @@ def routes(backend: Backend) -> web.Application:
         web.get("/v1/irqs", irqs),
         web.get("/v1/links", links),
         web.post("/v1/telemetry", telemetry),
+        web.post("/v1/reload", reload_config),
         web.get("/v1/openapi.json", openapi),
         web.get("/metrics", metrics),
     ])
@@ -264,7 +265,11 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def topology(request: web.Request) -> web.Response:
-    return json_response(request.app[BACKEND].topology_json())
+    backend = request.app[BACKEND]
+    cached = getattr(backend, "topology_body", None)
+    if cached is None:  # a backend without a cache (tools, tests of parts)
+        return json_response(backend.topology_json())
+    return web.Response(body=await cached(), content_type="application/json")
 
 
 async def list_leases(request: web.Request) -> web.Response:
@@ -279,7 +284,20 @@ async def create_lease(request: web.Request) -> web.Response:
     body = await read_json(request)
     # A queued request belongs to its connection: the service grants only while it is open.
     lease = await backend.alloc.allocate(body, who, connected=lambda: _connected(request))
-    return lease_response(backend, lease, status=201)
+    # The answer is written here, not after the handler returns, so that a lease whose
+    # answer cannot reach its client (gone, write failed, cancelled) is taken back at once:
+    # a lease exists exactly when its client was told so.
+    response = lease_response(backend, lease, status=201)
+    delivered = False
+    try:
+        await response.prepare(request)
+        await response.write_eof()
+        delivered = _connected(request)
+    except ConnectionError:
+        pass
+    finally:
+        backend.alloc.answered(lease, delivered)
+    return response
 
 
 def _connected(request: web.Request) -> bool:
@@ -353,13 +371,14 @@ MAX_TELEMETRY_BYTES = 2**63 - 1
 
 
 async def telemetry(request: web.Request) -> web.Response:
+    who = await caller(request)
     body = await read_json(request)
     moved = body.get("bytes") if isinstance(body, dict) else None
     if isinstance(moved, int) and not isinstance(moved, bool) and moved > MAX_TELEMETRY_BYTES:
         from topod.probe.linkstate import TelemetryError
 
         raise TelemetryError(f"telemetry: bytes must be <= {MAX_TELEMETRY_BYTES}")
-    return json_response(request.app[BACKEND].telemetry(body), status=202)
+    return json_response(request.app[BACKEND].telemetry(body, who), status=202)
 
 
 async def openapi(request: web.Request) -> web.Response:
@@ -374,3 +393,12 @@ async def metrics(request: web.Request) -> web.Response:
     response = web.Response(body=text.encode())
     response.headers["Content-Type"] = "text/plain; version=0.0.4; charset=utf-8"
     return response
+
+
+async def reload_config(request: web.Request) -> web.Response:
+    """Root only: reload the config file and answer the daemon's verdict (what SIGHUP
+    only logs), so that `topoctl reload` as ExecReload= fails a rejected file."""
+    who = await caller(request)
+    if not who.is_admin:
+        raise PeerDeniedError("reloading the configuration is root-only")
+    return json_response(await request.app[BACKEND].reload_config())

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from topod.distance import DistanceModel
@@ -153,12 +153,16 @@ class LinkState:
         return CycleSummary(stable and not events, tuple(events), seconds, moved)
 
     def telemetry(self, link: object, bytes_moved: object, seconds: object, now: float,
-                  gpu_addresses: dict[int, str] | None = None) -> TelemetryOutcome:
-        """Fold one job-reported transfer; TelemetryError names the bad field."""
+                  gpu_addresses: dict[int, str] | None = None,
+                  authorize: Callable[[LinkId], None] | None = None) -> TelemetryOutcome:
+        """Fold one job-reported transfer; TelemetryError names the bad field. `authorize`
+        raises when the reporter may not speak for this link (it is not on its leases)."""
         try:
             link_id = parse_link(link, gpu_addresses)  # type: ignore[arg-type]
         except LinkSyntaxError as exc:
             raise TelemetryError(f"telemetry: {exc}") from exc
+        if authorize is not None:
+            authorize(link_id)
         track = self._tracks.get(link_id)
         if track is None:
             raise TelemetryError(f"telemetry: unknown link {str(link_id)!r}: not a link of this host "
@@ -180,8 +184,8 @@ class LinkState:
         events = self._sample(link_id, track, gbps, None, now, "telemetry")
         return TelemetryOutcome(link_id, gbps, True, "folded", tuple(events))
 
-    def telemetry_body(self, body: object, now: float,
-                       gpu_addresses: dict[int, str] | None = None) -> TelemetryOutcome:
+    def telemetry_body(self, body: object, now: float, gpu_addresses: dict[int, str] | None = None,
+                       authorize: Callable[[LinkId], None] | None = None) -> TelemetryOutcome:
         """POST /v1/telemetry: {"link": "p2p/gpu0/gpu1", "bytes": 268435456, "seconds": 0.011}."""
         if not isinstance(body, dict):
             raise TelemetryError('telemetry: expected a JSON object {"link": ..., "bytes": ..., "seconds": ...}')
@@ -190,7 +194,7 @@ class LinkState:
         if missing or unknown:
             raise TelemetryError(f"telemetry: missing {', '.join(missing) or 'nothing'}; unknown "
                                  f"{', '.join(unknown) or 'nothing'} (fields: {', '.join(TELEMETRY_KEYS)})")
-        return self.telemetry(body["link"], body["bytes"], body["seconds"], now, gpu_addresses)
+        return self.telemetry(body["link"], body["bytes"], body["seconds"], now, gpu_addresses, authorize)
 
     def _sample(self, link: LinkId, track: _Track, gbps: float, latency: float | None, now: float,
                 source: str) -> list[LinkEvent]:

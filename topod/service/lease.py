@@ -30,6 +30,9 @@ class Lease:
     ttl_seconds: float | None
     preempt_deadline: float | None = None
     missing_gpus: tuple[int, ...] = ()  # GPUs of the lease the current topology lacks
+    # False while the answer that granted a lease with neither ttl nor owner is not known
+    # to have been sent: a crash in that window leaves it ending after a grace period.
+    confirmed: bool = True
     cpus: tuple[int, ...] = field(init=False, compare=False)  # every GPU's CPUs, sorted (derived)
 
     def __post_init__(self) -> None:
@@ -61,7 +64,7 @@ class Lease:
             "placements": [{**placement.to_json(), "uuid": uuid}
                            for placement, uuid in zip(decision.placements, self.gpu_uuids)],
             "created": self.created, "expires": self.expires, "ttl_seconds": self.ttl_seconds,
-            "preempt_deadline": self.preempt_deadline,
+            "preempt_deadline": self.preempt_deadline, "confirmed": self.confirmed,
             "decision": {
                 "cost": round(decision.cost, 6), "best_cost": round(decision.best_cost, 6),
                 "level": decision.level, "requested_level": decision.requested_level,
@@ -105,6 +108,7 @@ class Lease:
             environment={str(k): str(v) for k, v in body.get("environment", {}).items()},
             created=float(body["created"]), expires=body.get("expires"), ttl_seconds=body.get("ttl_seconds"),
             preempt_deadline=body.get("preempt_deadline"), missing_gpus=tuple(body.get("missing_gpus", ())),
+            confirmed=bool(body.get("confirmed", True)),
         )
 
 

@@ -79,6 +79,7 @@ class _Op:
     loop: asyncio.AbstractEventLoop | None
     error: BaseException | None = field(default=None)
     written: threading.Event | None = None  # set once the op's batch is written (flush)
+    on_success: Callable[[], None] | None = None  # on the loop, once the change is on disk
 
 
 class LeaseStore:
@@ -110,6 +111,12 @@ class LeaseStore:
                                   "leases") from None
         for suffix in ("-wal", "-shm"):  # SQLite has just made them, with the umask's mode
             _private_file(Path(f"{self.path}{suffix}"), create=False)
+        # The file this store writes is the one the next start reads only while the path
+        # still names it: an unlinked or replaced database takes commits into a deleted
+        # inode and the next start finds nothing. Checked after every commit.
+        self._identity = _identity(self.path)
+        self.broken: str | None = None  # set once: the database is not the file at its path
+        self.failing: str | None = None  # the last write's error, until a write succeeds
         # The database is the truth; the mirror spares a query per read and lets a
         # decision see changes whose commit is still in flight.
         self._cache: dict[str, Lease] = {lease.id: lease for lease in self._load()}
@@ -256,25 +263,25 @@ class LeaseStore:
         return self._queue([("UPDATE leases SET body = ? WHERE id = ?", (stored, lease.id))], undo)
 
     def remove(self, lease_id: str) -> tuple[Lease, asyncio.Future | None] | None:
+        """The lease leaves the mirror at once (no one can end it twice), but its GPUs and
+        CPUs stay held until the delete is on disk: a release that fails (disk full) must
+        not have handed them to anyone meanwhile, or memory and disk would disagree."""
         lease = self._cache.pop(lease_id, None)
         if lease is None:
             return None
         self._json.pop(lease_id, None)
-        self._hold_cpus(lease, -1)
-        for address in lease.addresses:
-            if self._holder.get(address) == lease_id:
-                del self._holder[address]
 
         def undo() -> None:
-            if any(self._holder.get(a) not in (None, lease_id) for a in lease.addresses):
-                return  # already granted again: the disk will say so at the next start
-            self._cache[lease_id] = lease
-            self._hold_cpus(lease, +1)
+            self._cache.setdefault(lease_id, lease)
+
+        def freed() -> None:
+            self._hold_cpus(lease, -1)
             for address in lease.addresses:
-                self._holder[address] = lease_id
+                if self._holder.get(address) == lease_id:
+                    del self._holder[address]
 
         return lease, self._queue([("DELETE FROM lease_devices WHERE lease_id = ?", (lease_id,)),
-                                   ("DELETE FROM leases WHERE id = ?", (lease_id,))], undo)
+                                   ("DELETE FROM leases WHERE id = ?", (lease_id,))], undo, freed)
 
     def _hold_cpus(self, lease: Lease, delta: int) -> None:
         for cpu in lease.cpus:
@@ -284,27 +291,38 @@ class LeaseStore:
             else:
                 self._cpus.pop(cpu, None)
 
-    def _queue(self, sql: list[tuple[str, tuple | list]], undo: Callable[[], None]) -> asyncio.Future | None:
+    def _queue(self, sql: list[tuple[str, tuple | list]], undo: Callable[[], None],
+               on_success: Callable[[], None] | None = None) -> asyncio.Future | None:
         """The future of the commit holding this change; None when there is no event loop
-        (tools, tests of parts): then the change is written before this returns."""
+        (tools, tests of parts): then the change is written before this returns.
+        on_success runs (on the loop) once the change is on disk, before the future resolves."""
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             loop = None
         if loop is None:
             self.flush()
-            op = _Op(sql, undo, None, None)
+            if self.broken is not None:
+                undo()
+                raise LeaseStoreError(f"{self.broken}; the change was not made")
+            op = _Op(sql, undo, None, None, on_success=on_success)
             self._write([op])
+            self._check_own_file([op])
             if op.error is not None:
                 undo()
                 raise _failure(op.error)
+            if on_success is not None:
+                on_success()
             return None
         future = loop.create_future()
-        op = _Op(sql, undo, future, loop)
+        op = _Op(sql, undo, future, loop, on_success=on_success)
         with self._cond:
             if self._closing:
                 undo()
                 raise LeaseStoreError("the lease store is closed; the change was not made")
+            if self.broken is not None:
+                undo()
+                raise LeaseStoreError(f"{self.broken}; the change was not made")
             self._pending.append(op)
             if self._writer is None:
                 self._writer = threading.Thread(target=self._run_writer, name="topod-lease-writer", daemon=True)
@@ -324,6 +342,7 @@ class LeaseStore:
             if self._wal_restart_due.is_set():
                 self._restart_wal()
             self._write(batch)
+            self._check_own_file(batch)
             if self.commits % CHECKPOINT_EVERY_COMMITS == 0 and self.commits:
                 self._request_checkpoint()
             by_loop: dict[asyncio.AbstractEventLoop, list[_Op]] = {}
@@ -337,6 +356,37 @@ class LeaseStore:
                     loop.call_soon_threadsafe(_settle_all, ops)
                 except RuntimeError:  # the loop is gone (shutdown): nothing waits any more
                     pass
+
+    def _check_own_file(self, batch: list[_Op]) -> None:
+        """After a write: is the database still the file at its path? If not, the batch
+        went into a file no start will read: fail it (undone, the clients told) and refuse
+        every later change. A failed write is remembered until one succeeds."""
+        changes = [op for op in batch if op.sql]
+        if not changes:
+            return
+        if self.broken is None:
+            found = _identity(self.path)
+            if found != self._identity:
+                what = "was deleted" if found is None else "was replaced by another file"
+                self.broken = (f"lease database {self.path} {what} while topod ran; lease changes are refused "
+                               "until topod is restarted (it then reads what is at that path)")
+                log.error("lease_database_lost", path=str(self.path), reason=what)
+        if self.broken is not None:
+            for op in changes:
+                op.error = op.error or LeaseStoreError(self.broken)
+        errors = [op.error for op in changes if op.error is not None and not isinstance(op.error, sqlite3.IntegrityError)]
+        if errors:
+            self.failing = str(errors[0])
+        elif self.broken is None:
+            self.failing = None
+
+    def problem(self) -> str | None:
+        """Why lease writes fail now (health and STATUS= say it), or None."""
+        if self.broken is not None:
+            return self.broken
+        if self.failing is not None:
+            return f"lease writes failing: {self.failing}"
+        return None
 
     def _write(self, batch: list[_Op]) -> None:
         """One transaction for the whole batch. A change that violates a constraint fails
@@ -477,20 +527,33 @@ def _settle_all(ops: list[_Op]) -> None:
 
 
 def _settle(op: _Op) -> None:
-    """On the event loop: resolve a change's future; a failed one is undone first."""
-    if op.future is None or op.future.done():
+    """On the event loop: resolve a change's future; a failed one is undone first. The
+    mirror follows the disk even when no one waits for the future any more."""
+    if op.future is None:
         return
     if op.error is None:
-        op.future.set_result(None)
+        if op.on_success is not None:
+            op.on_success()
+        if not op.future.done():
+            op.future.set_result(None)
         return
     op.undo()
-    op.future.set_exception(_failure(op.error))
+    if not op.future.done():
+        op.future.set_exception(_failure(op.error))
 
 
 def _failure(error: BaseException) -> TopodError:
     if isinstance(error, sqlite3.IntegrityError):
         return LeaseConflictError(f"refused by the lease database: {error}")
     return LeaseStoreError(f"lease database write failed, change undone: {error}")
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
+    return found.st_dev, found.st_ino
 
 
 def _private_directory(directory: Path) -> None:

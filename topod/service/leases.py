@@ -60,6 +60,10 @@ class WaitTimeoutError(AllocationError):
     code = "wait_timeout"
 
 
+class QueuedRequestError(TopodError):
+    code = "internal_error"
+
+
 @dataclass(slots=True)
 class Waiter:
     request: Any
@@ -189,6 +193,9 @@ class LeaseService:
             environment={},
             created=now, expires=now + service.ttl_seconds if service.ttl_seconds else None,
             ttl_seconds=service.ttl_seconds,
+            # Neither a ttl nor an owner would ever end it: it counts as delivered only once
+            # the answer is written (answered()); see recover() for a crash before that.
+            confirmed=bool(service.ttl_seconds or owner_pid),
         )
         lease = replace(lease, environment=self.environment(lease))
         commit = self.store.add(lease)
@@ -231,6 +238,41 @@ class LeaseService:
             env.update(self.files.lease_environment(lease))
         return env
 
+    def _authorize(self, service: ServiceRequest, request, caller: Caller) -> None:
+        """What a request may ask for depends on who asks: an owner process that is the
+        caller or its descendant (root: any but PID 1 and topod itself, which never exit),
+        and a priority above [alloc] max_priority_non_root only for root."""
+        pid = service.owner_pid
+        if pid:
+            if pid in (1, os.getpid()):
+                raise PermissionDeniedError(f"owner_pid {pid} never exits ({'init' if pid == 1 else 'topod itself'}): "
+                                            "the lease would never end; give the job's own pid, or a ttl")
+            if not caller.is_admin and not _descends_from(pid, caller.pid):
+                raise PermissionDeniedError(f"owner_pid {pid} is neither the calling process ({caller.pid}) nor one "
+                                            "of its descendants; only root may name another process")
+        ceiling = int(self.settings.get("max_priority_non_root", 0))
+        if request.priority > ceiling and not caller.is_admin:
+            raise PermissionDeniedError(f"priority {request.priority} is above {ceiling} "
+                                        "([alloc] max_priority_non_root): only root may ask for more")
+
+    def telemetry_authority(self, caller: Caller) -> Callable[[Any], None] | None:
+        """Who may report a link's bandwidth (it steers everyone's placements): root any
+        link; anyone else only links whose every end is a GPU or memory node of one of
+        its own leases. None: no check (root)."""
+        if caller.is_admin:
+            return None
+        own = [lease for lease in self.store.all() if lease.owner_uid == caller.uid]
+        addresses = {address for lease in own for address in lease.addresses}
+        nodes = {f"node{node}" for lease in own for node in lease.memory_nodes}
+
+        def authorize(link: Any) -> None:
+            foreign = [end for end in (link.src, link.dst) if end not in addresses and end not in nodes]
+            if foreign:
+                raise PermissionDeniedError(f"telemetry for {link}: {', '.join(foreign)} is not a GPU or memory node "
+                                            f"of a lease of uid {caller.uid}; only root may report other links")
+
+        return authorize
+
     def _gpu_memory_node(self, index: int, address: str) -> int | None:
         gpu = self.topology.gpu(index)
         return gpu.memory_numa_node if gpu is not None and gpu.address == address else None
@@ -245,6 +287,10 @@ class LeaseService:
             raise self._refuse("invalid", exc, caller) from None
         if service.owner_pid and not _process_exists(service.owner_pid):
             raise self._refuse("invalid", InvalidRequestError("owner_pid", f"no process {service.owner_pid}"), caller)
+        try:
+            self._authorize(service, request, caller)
+        except PermissionDeniedError as exc:
+            raise self._refuse("denied", exc, caller, gpus=request.gpus, job=request.job) from None
         try:
             decision = self.decide(request, ttl_seconds=service.ttl_seconds)
         except AllocationError as exc:
@@ -267,10 +313,20 @@ class LeaseService:
             raise
         return self.store.get(lease.id) or lease
 
-    def _take_back(self, lease: Lease) -> None:
+    def _take_back(self, lease: Lease, reason: str = "client disconnected before the answer") -> None:
         current = self.store.get(lease.id)
         if current is not None:
-            self._end(current, "lease_released", reason="client disconnected before the answer")
+            self._end(current, "lease_released", reason=reason)
+
+    def answered(self, lease: Lease, delivered: bool) -> None:
+        """The API's word on the answer that granted `lease`: written to a connected client,
+        or not (the client went away, the write failed): then no one holds it and it ends."""
+        if not delivered:
+            self._take_back(lease, "the answer could not be delivered (client gone)")
+            return
+        current = self.store.get(lease.id)
+        if current is not None and not current.confirmed:
+            self._update(replace(current, confirmed=True))
 
     async def _wait(self, request, service: ServiceRequest, caller: Caller, connected: Callable[[], bool]) -> Lease:
         if len(self.waiters) >= int(self.settings.get("max_queue", 256)):
@@ -285,20 +341,33 @@ class LeaseService:
             async with asyncio.timeout(service.wait_seconds):
                 lease, commit = await asyncio.shield(waiter.future)
         except TimeoutError:
-            raise self._refuse("timeout", WaitTimeoutError(f"no GPUs became available within "
-                                                           f"{service.wait_seconds:g} s"), caller,
-                               gpus=request.gpus, job=request.job, request=waiter.id) from None
+            # The deadline and a grant can meet: process_queue may have granted in the very
+            # step the timeout fired. Withdrawing and reading the grant is one step (no await
+            # between them), so either the waiter is withdrawn and refused, or it was granted
+            # and this still-connected client is told so: never a lease nobody was told of.
+            granted = _withdraw(waiter)
+            if granted is None:
+                self._drop_waiter(waiter)
+                raise self._refuse("timeout", WaitTimeoutError(f"no GPUs became available within "
+                                                               f"{service.wait_seconds:g} s"), caller,
+                                   gpus=request.gpus, job=request.job, request=waiter.id) from None
+            lease, commit = granted
         except asyncio.CancelledError:
             # The client hung up. A grant made for it in the meantime is taken back.
-            if waiter.future.done() and not waiter.future.cancelled():
-                self._take_back(waiter.future.result()[0])
+            granted = _withdraw(waiter)
+            if granted is not None:
+                self._take_back(granted[0])
+            self._drop_waiter(waiter)
             self._count("abandoned", "client_disconnected")
             self.bus.publish("request_abandoned", request=waiter.id, reason="client disconnected")
             raise
-        finally:
-            if not waiter.future.done():
-                waiter.future.cancel()
+        except BaseException:
+            granted = _withdraw(waiter)
+            if granted is not None:
+                self._take_back(granted[0])
             self._drop_waiter(waiter)
+            raise
+        self._drop_waiter(waiter)
         return await self._deliver(lease, commit)
 
     def _drop_waiter(self, waiter: Waiter) -> None:
@@ -326,9 +395,15 @@ class LeaseService:
             try:
                 decision = self.decide(waiter.request, waited=now - waiter.enqueued,
                                        ttl_seconds=waiter.service.ttl_seconds)
+                lease, commit = self._grant(waiter.request, decision, waiter.service, waiter.caller)
             except AllocationError:
                 continue
-            lease, commit = self._grant(waiter.request, decision, waiter.service, waiter.caller)
+            except Exception as exc:  # noqa: BLE001 - one waiter's fault is its own, never the releasing client's
+                log.error("queued_request_failed", request=waiter.id, error=f"{type(exc).__name__}: {exc}")
+                waiter.future.set_exception(exc if isinstance(exc, TopodError) else
+                                            QueuedRequestError(f"the queued request failed: {type(exc).__name__}: "
+                                                               f"{exc}"))
+                continue
             waiter.victims = ()
             waiter.future.set_result((lease, commit))
 
@@ -371,10 +446,14 @@ class LeaseService:
         if not (caller.is_admin or caller.uid == lease.owner_uid):
             raise PermissionDeniedError(f"lease {lease_id} belongs to uid {lease.owner_uid}")
         ttl = lease.ttl_seconds if ttl_seconds is None else ttl_seconds
-        if ttl is None:
+        if ttl is None and not lease.confirmed:
+            # A lease brought back unconfirmed after a crash: its holder says it has it.
+            renewed = replace(lease, expires=None, confirmed=True)
+        elif ttl is None:
             raise InvalidRequestError("ttl_seconds", "this lease has no ttl; give one to renew")
-        ttl = min(float(ttl), self.limits.max_ttl_seconds)
-        renewed = replace(lease, expires=self.clock() + ttl, ttl_seconds=ttl)
+        else:
+            ttl = min(float(ttl), self.limits.max_ttl_seconds)
+            renewed = replace(lease, expires=self.clock() + ttl, ttl_seconds=ttl, confirmed=True)
         commit = self._update(renewed)
         if commit is not None:
             await asyncio.shield(commit)
@@ -403,9 +482,16 @@ class LeaseService:
             if self.files is not None:
                 self.files.remove_lease(lease)
             self.bus.publish(event, lease=lease.id, gpus=list(lease.gpus), reason=reason, uid=lease.owner_uid)
+            # Only now are its GPUs free (the store holds them until the delete is on disk).
+            self.process_queue()
 
-        self._after(commit, ended, lambda exc: log.error("lease_end_not_stored", lease=lease.id, error=str(exc)))
-        self.process_queue()
+        def not_ended(exc: BaseException) -> None:
+            # The store has put the lease back as it is on disk: it still holds its GPUs.
+            log.error("lease_end_not_stored", lease=lease.id, error=str(exc), reason=reason)
+            if lease.owner_pid and self.store.get(lease.id) is not None:
+                self.owner_watch.watch(lease.id, lease.owner_pid)
+
+        self._after(commit, ended, not_ended)
         return lease, commit
 
     def _after(self, commit: asyncio.Future | None, ok: Callable[[], None] | None,
@@ -450,8 +536,22 @@ class LeaseService:
         return ended
 
     def recover(self) -> int:
-        """At start: every acknowledged lease is back; dead owners' and expired ones end."""
+        """At start: every acknowledged lease is back; dead owners' and expired ones end.
+
+        A lease with neither ttl nor owner whose answer was never confirmed written (topod
+        died between the commit and the answer) may be known to no one: it gets
+        [alloc] unconfirmed_grace_seconds to be claimed by its holder (a renew, which
+        confirms it) and ends after that, rather than holding its GPUs for ever."""
         ended = self.reap()
+        grace = float(self.settings.get("unconfirmed_grace_seconds", 300.0))
+        for lease in self.store.all():
+            if not lease.confirmed and lease.expires is None:
+                expires = self.clock() + grace
+                self._update(replace(lease, expires=expires))
+                log.warning("lease_unconfirmed", lease=lease.id, gpus=list(lease.gpus), uid=lease.owner_uid,
+                            job=lease.job, expires=expires,
+                            reason="granted just before topod stopped; the answer may never have reached the "
+                                   "client. It ends at 'expires' unless its holder renews it")
         for lease in self.store.all():
             if lease.owner_pid:
                 self.owner_watch.watch(lease.id, lease.owner_pid)
@@ -494,6 +594,37 @@ class LeaseService:
     def _count(self, result: str, reason: str = "") -> None:
         key = (result, reason)
         self.outcomes[key] = self.outcomes.get(key, 0) + 1
+
+
+def _withdraw(waiter: Waiter) -> tuple[Lease, asyncio.Future | None] | None:
+    """Take a waiter out of the running for grants and say whether it was granted first:
+    (lease, commit) when it was, None when it now never will be. Synchronous on the loop,
+    so no grant can slip in between the look and the cancel."""
+    future = waiter.future
+    if not future.done():
+        future.cancel()
+        return None
+    if future.cancelled() or future.exception() is not None:
+        return None
+    return future.result()
+
+
+def _descends_from(pid: int, ancestor: int | None) -> bool:
+    """Whether process `pid` is `ancestor` or one of its descendants (walking parents)."""
+    if not ancestor:
+        return False
+    import psutil
+
+    seen = 0
+    while pid and seen < 4096:
+        if pid == ancestor:
+            return True
+        try:
+            pid = psutil.Process(pid).ppid()
+        except (psutil.Error, OSError, ValueError, OverflowError):
+            return False
+        seen += 1
+    return False
 
 
 def _process_exists(pid: int) -> bool:

@@ -99,8 +99,8 @@ class ProbeTask:
             doc["reason"] = self.disabled
         return doc
 
-    def telemetry(self, body) -> dict:  # noqa: ANN001 - validated by LinkState
-        outcome = self.links.telemetry_body(body, time.time(), self._gpu_addresses())
+    def telemetry(self, body, authorize=None) -> dict:  # noqa: ANN001 - validated by LinkState
+        outcome = self.links.telemetry_body(body, time.time(), self._gpu_addresses(), authorize)
         for event in outcome.events:
             self._publish(event.event, **event.fields())
         if outcome.folded:
