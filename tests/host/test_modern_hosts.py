@@ -160,7 +160,7 @@ def test_nvl72_trays_share_one_clique_and_publish_it(host_tree):
     text = render_metrics({"nvlink_domain": domains[0]})
     assert 'topod_nvlink_domain_info{clique_id="32766",cluster_uuid="5a1b0c2d-0000-4e3f-9a7b-72a000000001"} 1.0' in text
     conf = render_topology_conf([host_entry(d) for d in docs])
-    assert "BlockName=block0 Nodes=nvl72-r01-t0,nvl72-r01-t1" in conf.splitlines()
+    assert "BlockName=nvl-5a1b0c2d-32766 Nodes=nvl72-r01-t0,nvl72-r01-t1" in conf.splitlines()
     assert "BlockSizes=2" in conf.splitlines()
 
 
@@ -224,4 +224,4 @@ def test_topoctl_export_slurm_topology_reads_files_and_stdin(host_tree, tmp_path
     monkeypatch.setattr("sys.stdin", io.StringIO(files[1].read_text()))
     assert main(["export", "slurm-topology", str(files[0]), "-", "--name", "gpu-a", "--name", "gpu-b"]) == 0
     out = capsys.readouterr().out
-    assert "BlockName=block0 Nodes=gpu-a,gpu-b" in out.splitlines()
+    assert "BlockName=nvl-5a1b0c2d-32766 Nodes=gpu-a,gpu-b" in out.splitlines()

@@ -174,6 +174,14 @@ def _export(p: argparse.ArgumentParser) -> None:
                             help="`topoctl topo --json` (or GET /v1/topology) output of each host; - for stdin")
     slurm_topo.add_argument("--name", action="append", default=None, metavar="NAME",
                             help="the Slurm node name of the n-th FILE (repeatable; default: its hostname)")
+    slurm_topo.add_argument("--mode", default="auto", choices=("auto", "block", "tree"),
+                            help="topology/block (NVLink domains) or topology/tree ([cluster] labels); "
+                                 "default auto: block when a host is in an NVLink domain")
+    slurm_topo.add_argument("--slurm-version", default=None, metavar="YY.MM",
+                            help="the slurmctld release to write for (22.05, 23.11, 24.05...; default: newest)")
+    slurm_topo.add_argument("--block-sizes", default=None, metavar="N[,N...]",
+                            help="BlockSizes= (base block in nodes, then base times powers of two); "
+                                 "default: the common NVLink domain size")
     _handler(slurm_topo, "topod.cli.export_cmd:run_slurm_topology")
 
     nccl = _leaf(kinds, "nccl", "an NCCL topology XML (NCCL_TOPO_FILE)")
@@ -256,6 +264,10 @@ def _status(p: argparse.ArgumentParser) -> None:
     _handler(p, "topod.cli.lease_cmd:run_status")
 
 
+def _reload(p: argparse.ArgumentParser) -> None:
+    _handler(p, "topod.cli.lease_cmd:run_reload")
+
+
 def _run(p: argparse.ArgumentParser) -> None:
     _request_args(p)
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
@@ -280,6 +292,8 @@ COMMANDS: tuple[Command, ...] = (
     Command("leases", "list leases", _leases),
     Command("watch", "follow the daemon's events", _watch),
     Command("status", "the daemon's health", _status),
+    Command("reload", "reload the daemon's config file and wait for its verdict (root; the unit's ExecReload=): "
+                      "1 when the file is refused", _reload),
     Command("run", "allocate, run a command pinned to the lease, release", _run),
     Command("completion", "print a shell completion script (bash, zsh, fish)", _completion),
 )

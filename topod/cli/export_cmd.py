@@ -161,9 +161,25 @@ def _gpu_indices(topology, gpus: list[int] | None) -> list[int]:
 
 
 def run_slurm_topology(args: argparse.Namespace) -> int:
-    """Several hosts' `topoctl topo --json` documents (files, or - for stdin) -> topology.conf."""
-    from topod.export.slurm_topology import host_entry, render_topology_conf
+    """Several hosts' `topoctl topo --json` documents (files, or - for stdin) -> topology.conf;
+    hosts left out of blocks (or unlabelled in a tree) are warnings on stderr."""
+    from topod.cli.exits import UsageError
+    from topod.export.slurm_topology import (build_topology_conf, host_entry, parse_block_sizes,
+                                             parse_slurm_version, version_text)
 
+    version = sizes = None
+    try:
+        if args.slurm_version is not None:
+            version = parse_slurm_version(args.slurm_version)
+    except ValueError as exc:
+        raise UsageError(f"--slurm-version {exc}") from exc
+    try:
+        if args.block_sizes is not None:
+            sizes = parse_block_sizes(args.block_sizes)
+    except ValueError as exc:
+        raise UsageError(f"--block-sizes {exc}") from exc
+    if sizes and args.mode == "tree":
+        raise UsageError("--block-sizes is for --mode block; a tree has no block sizes")
     names = list(args.name or [])
     if len(names) > len(args.files):
         raise ConfigError(f"--name given {len(names)} times for {len(args.files)} file(s)")
@@ -180,9 +196,22 @@ def run_slurm_topology(args: argparse.Namespace) -> int:
             raise ConfigError(f"{where}: not JSON ({str(exc)[:80]}); give `topoctl topo --json` output") from exc
         given = names[position] if position < len(names) and names[position] else None
         hosts.append(host_entry(document, given, where))
-    text = render_topology_conf(hosts)
+    if args.mode == "block" and version is not None and version < (23, 11):
+        raise UsageError(f"--mode block: Slurm {version_text(version)} has no topology/block plugin (it came in "
+                         "23.11); use --mode tree")
+    conf = build_topology_conf(hosts, mode=args.mode, slurm_version=version, block_sizes=sizes)
+    for note in conf.notes:
+        if args.json:
+            sys.stderr.write(json.dumps({"warning": {"code": note.code, "host": note.host,
+                                                     "reason": note.reason}}) + "\n")
+        else:
+            sys.stderr.write(f"topoctl: warning: [{note.code}] {note.host}: {note.reason}\n")
     if args.json:
-        sys.stdout.write(json.dumps({"topology_conf": text, "hosts": [h.name for h in hosts]}, indent=2) + "\n")
+        sys.stdout.write(json.dumps({
+            "topology_conf": conf.text, "hosts": [h.name for h in hosts], "mode": conf.mode,
+            "slurm_version": version_text(conf.slurm_version), "block_sizes": list(conf.block_sizes),
+            "left_out": [{"code": n.code, "host": n.host, "reason": n.reason} for n in conf.notes],
+        }, indent=2) + "\n")
     else:
-        sys.stdout.write(text)
+        sys.stdout.write(conf.text)
     return 0
