@@ -62,6 +62,8 @@ SCHEMA: dict[str, dict[str, tuple[object, object]]] = {
         "max_wait_seconds": (float, 3600.0),
         "max_queue": (int, 256),
         "renew_max_ttl_seconds": (float, 7 * 24 * 3600.0),
+        "max_priority_non_root": (int, 0),
+        "unconfirmed_grace_seconds": (float, 300.0),
     },
     "irq": {
         # The balancer's keys take their defaults from topod.irq.settings (one place).
@@ -112,7 +114,8 @@ SCHEMA: dict[str, dict[str, tuple[object, object]]] = {
 # Periods and limits where 0 would mean a busy loop or an unusable daemon.
 POSITIVE = {("daemon", "rescan_interval_seconds"), ("irq", "interval_seconds"), ("probe", "min_interval_seconds"),
             ("probe", "max_interval_seconds"), ("watchdog", "loop_deadline_seconds"), ("api", "idle_timeout_seconds"),
-            ("alloc", "max_wait_seconds"), ("alloc", "renew_max_ttl_seconds"), ("udev", "max_delay_seconds")}
+            ("alloc", "max_wait_seconds"), ("alloc", "renew_max_ttl_seconds"),
+            ("alloc", "unconfirmed_grace_seconds"), ("udev", "max_delay_seconds")}
 
 CHOICES = {
     ("alloc", "default_level"): ("best", "good", "any"),

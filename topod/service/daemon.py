@@ -164,6 +164,9 @@ class Daemon:
         reasons += [f"loop {name} failing: {error}" for name, error in self.supervisor.failing().items()]
         if self.config_error:
             reasons.append(f"config rejected: {self.config_error}")
+        store_problem = self.store.problem()
+        if store_problem:
+            reasons.append(store_problem)
         degraded_leases = [lease.id for lease in self.alloc.leases() if lease.missing_gpus]
         if degraded_leases:
             reasons.append(f"lease(s) with missing GPUs: {', '.join(degraded_leases)}")
@@ -213,12 +216,13 @@ class Daemon:
             return {"enabled": False, "reason": "link probing is disabled ([probe] enabled = false)", "links": []}
         return self.probe.report()
 
-    def telemetry(self, body: Any) -> dict:
+    def telemetry(self, body: Any, caller: Any = None) -> dict:
         if self.probe is None:
             if self._setting_up("probe"):
                 raise UnavailableError(self._starting_reason("probe", PROBE_STARTING))
             raise UnavailableError("link probing is disabled ([probe] enabled = false)")
-        return self.probe.telemetry(body)
+        authorize = None if caller is None else self.alloc.telemetry_authority(caller)
+        return self.probe.telemetry(body, authorize)
 
     def _irq_starting(self) -> dict:
         return {"mode": self.irq_section()["mode"], "starting": True,
@@ -255,6 +259,8 @@ class Daemon:
         missing = sum(1 for lease in self.alloc.leases() if lease.missing_gpus)
         if missing:
             parts.append(f"{missing} lease(s) degraded (GPU gone)")
+        if self.store.problem():
+            parts.append("lease writes failing")
         if self.config_error:
             parts.append(f"config rejected: {self.config_error}")
         return "; ".join(parts)

@@ -42,6 +42,11 @@ def main(argv: list[str] | None = None) -> int:
         from topod.service.logsetup import setup_logging
 
         setup_logging(args.log_format or config.get("log", "format"), config.get("log", "level"))
+        import faulthandler
+
+        # A fatal signal (SIGBUS from a lease database whose mapping failed, SIGSEGV in a
+        # C extension) writes the Python stacks to stderr, the journal: never a silent exit.
+        faulthandler.enable()
         from topod.service.daemon import Daemon
 
         daemon = Daemon(config, config_path=args.config)
