@@ -11,7 +11,8 @@ server's event-loop thread, its other threads, its child processes; the client's
 times), which a noisy shared machine moves far less than it moves rates.
 topod runs once more with IRQ balancing on (dry-run, default interval) for the
 saturation figure with the balancer's re-planning in play. Prints the load average too:
-a noisy machine shows there."""
+a noisy machine shows there. Also GET /v1/topology's body built per reader on the loop
+against the one cached per topology version (`python bench/api.py topology`: that alone)."""
 
 from __future__ import annotations
 
@@ -234,9 +235,57 @@ def topod_commits(sock: str) -> str:
            f"({commits['changes'] / commits['transactions']:.2f} per fsync)"
 
 
+def topology_figures(root: Path, reads: int = 30) -> str:
+    """GET /v1/topology's body on the 64-GPU host: built per reader on the event loop (as
+    before issue 25) against the body cached per topology version (built once, off the
+    loop; each read splices the leased GPUs). Median event-loop time per read."""
+    import asyncio
+
+    from topod.api.server import dumps
+    from topod.discover import discover
+    from topod.distance import DistanceModel
+    from topod.host import HostRoot
+    from topod.service.topology_body import TopologyBody
+    from topod.topojson import topology_to_json
+
+    topology = discover(HostRoot(root), live_nvml=False)
+    version = (topology, DistanceModel(topology), {})
+
+    def per_reader() -> bytes:
+        doc = topology_to_json(version[0], version[1])
+        doc["cluster"], doc["leased_gpus"] = {}, [0, 1]
+        return dumps(doc).encode()
+
+    before = []
+    for _ in range(reads):
+        start = time.perf_counter()
+        per_reader()
+        before.append(time.perf_counter() - start)
+    cache = TopologyBody(lambda: version)
+
+    async def cached() -> list[float]:
+        await cache.body([0, 1])  # the one build of this version, in a thread
+        times = []
+        for _ in range(reads):
+            start = time.perf_counter()
+            await cache.body([0, 1])
+            times.append(time.perf_counter() - start)
+        return times
+
+    after = asyncio.run(cached())
+    b, a = statistics.median(before), statistics.median(after)
+    return (f"GET /v1/topology body, 64 GPUs, event-loop time per read: built per reader {b * 1e3:.2f} ms, "
+            f"cached per version {a * 1e6:.1f} us ({b / a:.0f}x less), {len(per_reader())} bytes")
+
+
 def main() -> int:
     from topod.hostspec import build_host
     from topod.hostspec.synthetic import spec_64
+
+    if sys.argv[1:] == ["topology"]:
+        with tempfile.TemporaryDirectory() as tmp:
+            print(topology_figures(build_host(spec_64(), Path(tmp) / "host")))
+        return 0
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -255,7 +304,9 @@ def main() -> int:
                        "--log-format", "json"]
             name = f"topod, sqlite {durability.upper()}" + (", IRQ dry-run" if irq != "off" else "")
             rows.append((name, measure(command, sock, topod_commits)))
+        topology_line = topology_figures(root)
     load = os.getloadavg()
+    print(topology_line)
     print(f"api allocate+release round trips; 64-GPU host; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     bare = rows[0][1]
     for name, row in rows:

@@ -35,6 +35,7 @@ from topod.service.notify import Notifier
 from topod.service.probe_task import probes_this_root
 from topod.service.state import HostState
 from topod.service.supervise import Backoff, supervise
+from topod.service.topology_body import TopologyBody
 from topod.service.watchdog import Supervisor, run_watchdog, watchdog_interval
 from topod.topojson import topology_to_json
 
@@ -72,6 +73,8 @@ class Daemon:
         self.nccl = NcclFiles(self.host, lambda: self.state.topology, lambda: self.config)
         self.alloc.files = self.nccl
         self.state.add_listener(self._state_changed)
+        self._topology_body = TopologyBody(
+            lambda: (self.state.topology, self.state.distances, self.config.section("cluster")))
         self.bus.add_listener(self._on_event)
         self.supervisor = Supervisor()
         self.notifier = Notifier()
@@ -150,6 +153,11 @@ class Daemon:
         doc["cluster"] = dict(self.config.section("cluster"))
         doc["leased_gpus"] = sorted(self.alloc.leased_gpus())
         return doc
+
+    async def topology_body(self) -> bytes:
+        """GET /v1/topology: the encoding of the current topology version, built once in a
+        worker thread (TopologyBody), with the leased GPUs of this moment."""
+        return await self._topology_body.body(list(self.alloc.leased_gpus()))
 
     def lease_json(self, lease) -> dict:  # noqa: ANN001 - Lease
         return self.store.json_of(lease)
