@@ -245,13 +245,16 @@ def test_kill_9_under_load_keeps_every_acknowledged_lease_and_no_released_one(sc
     """Eight clients grant and release as fast as they can; the daemon is killed -9 in
     the middle. After the restart every lease a client was told it got (and had not
     begun to release) is there, none whose release was answered is, and no GPU is in
-    two leases. A lease whose answer never came (in flight at the kill) may be either."""
+    two leases. A lease whose answer never came (in flight at the kill) may be either, but
+    if it is there it is unconfirmed and ends within [alloc] unconfirmed_grace_seconds
+    (rule 5: a lease no client was told of is never permanent)."""
     from topod.client import ApiError, Client
 
     s = scenario()
     kept: set[str] = set()  # answered 201, release never started
     released: set[str] = set()  # release answered 200
     ambiguous: set[str] = set()  # release sent, no answer: the kill came in between
+    told: set[str] = set()  # every lease whose 201 reached its client
     lock = threading.Lock()
     stop = threading.Event()
 
@@ -267,6 +270,7 @@ def test_kill_9_under_load_keeps_every_acknowledged_lease_and_no_released_one(sc
                 continue  # a refusal while all 8 are held: try again
             round_ += 1
             with lock:
+                told.add(lease["id"])
                 keep = round_ == 1 and index < KEPT_UNDER_LOAD  # a few kept for good, the rest rotate
                 if keep:
                     kept.add(lease["id"])
@@ -297,6 +301,11 @@ def test_kill_9_under_load_keeps_every_acknowledged_lease_and_no_released_one(sc
     after = {lease["id"]: lease for lease in s.client.leases()}
     assert kept <= set(after), f"acknowledged leases lost: {kept - set(after)}"
     assert not released & set(after), f"released leases came back: {released & set(after)}"
+    grace_end = time.time() + 300.0  # the default unconfirmed_grace_seconds
+    for lease_id, lease in after.items():
+        if lease_id not in told:
+            assert lease["confirmed"] is False and lease["expires"] is not None, lease
+            assert lease["expires"] <= grace_end, lease
     s.granted = {lease_id: after[lease_id]["gpus"] for lease_id in kept}
     health = s.check()
     assert health["gpus_free"] == 8 - sum(len(lease["gpus"]) for lease in after.values())

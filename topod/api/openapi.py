@@ -139,7 +139,7 @@ LEASE = {
     "type": "object",
     "required": ["id", "state", "owner_uid", "owner_gid", "owner_pid", "requester_pid", "job", "priority",
                  "preemptible", "gpus", "cpus", "memory_nodes", "missing_gpus", "placements", "created", "expires",
-                 "ttl_seconds", "preempt_deadline", "decision", "environment"],
+                 "ttl_seconds", "preempt_deadline", "confirmed", "decision", "environment"],
     "properties": {
         "id": {"type": "string"},
         "state": {"type": "string", "enum": ["active", "preempting", "degraded"]},
@@ -159,6 +159,9 @@ LEASE = {
         "expires": NULLABLE_NUMBER,
         "ttl_seconds": NULLABLE_NUMBER,
         "preempt_deadline": NULLABLE_NUMBER,
+        "confirmed": {"type": "boolean", "description": (
+            "false while the answer granting a lease with neither ttl_seconds nor owner_pid is not known to "
+            "have been written; after a crash in that window it ends at `expires` unless its holder renews it")},
         "decision": {"$ref": "#/components/schemas/Decision"},
         "environment": {"type": "object", "additionalProperties": {"type": "string"}},
     },
