@@ -19,6 +19,7 @@ from topod.export.labels import parse_cluster_labels
 from topod.irq.settings import DEFAULTS as IRQ_DEFAULTS
 from topod.irq.settings import IRQBALANCE_CHOICES
 from topod.irq.settings import MODES as IRQ_MODES
+from topod.irq.settings import IrqSettings
 from topod.probe.sampler import SamplerSettings
 from topod.service.lease_store import SYNCHRONOUS
 from topod.textfile import read_text_file
@@ -111,6 +112,16 @@ SCHEMA: dict[str, dict[str, tuple[object, object]]] = {
     },
 }
 
+# Whole numbers where 0 would make the daemon unusable (no connection, no body accepted).
+INT_MINIMUM = {("api", "max_connections"): 1, ("api", "max_body_bytes"): 1}
+# (low, high, low included): a share of wall time.
+FLOAT_RANGE = {("probe", "budget_share"): (0.0, 1.0, False)}
+PROBE_BACKENDS = ("host-memory", "cuda", "simulated")
+# Read once at start (the socket is bound, the store opened, the root and logging set up):
+# a reload that changes one says so and keeps the running value.
+RESTART_KEYS = (("daemon", "root"), ("daemon", "socket"), ("daemon", "state_dir"), ("daemon", "socket_mode"),
+                ("daemon", "sqlite_synchronous"), ("export", "metrics_tcp"), ("log", "level"), ("log", "format"))
+
 # Periods and limits where 0 would mean a busy loop or an unusable daemon.
 POSITIVE = {("daemon", "rescan_interval_seconds"), ("irq", "interval_seconds"), ("probe", "min_interval_seconds"),
             ("probe", "max_interval_seconds"), ("watchdog", "loop_deadline_seconds"), ("api", "idle_timeout_seconds"),
@@ -119,6 +130,7 @@ POSITIVE = {("daemon", "rescan_interval_seconds"), ("irq", "interval_seconds"), 
 
 CHOICES = {
     ("alloc", "default_level"): ("best", "good", "any"),
+    ("probe", "backend"): PROBE_BACKENDS,
     ("irq", "mode"): IRQ_MODES,
     ("irq", "irqbalance"): IRQBALANCE_CHOICES,
     ("udev", "source"): ("udev", "kernel"),
@@ -132,6 +144,9 @@ CHOICES = {
 class Config:
     values: dict[str, dict[str, Any]]
     source: str | None = None
+    # [daemon] keys given on the command line (--root, --socket, --state-dir): they win
+    # over the file, at start and on every reload.
+    overridden: frozenset[str] = frozenset()
 
     def get(self, section: str, key: str) -> Any:
         return self.values[section][key]
@@ -141,10 +156,28 @@ class Config:
 
     def with_overrides(self, **daemon: Any) -> Config:
         values = {name: dict(section) for name, section in self.values.items()}
+        overridden = set(self.overridden)
         for key, value in daemon.items():
             if value is not None:
                 values["daemon"][key] = value
-        return Config(values, self.source)
+                overridden.add(key)
+        return Config(values, self.source, frozenset(overridden))
+
+    def restart_changes(self, new: Config) -> list[str]:
+        """The keys that need a restart (RESTART_KEYS) whose value `new` changes, as
+        "section.key"; a [daemon] key set on the command line is not the file's to change."""
+        return [f"{section}.{key}" for section, key in RESTART_KEYS
+                if not (section == "daemon" and key in self.overridden)
+                and new.get(section, key) != self.get(section, key)]
+
+    def keeping(self, running: Config) -> Config:
+        """This config with every restart-only key (and the command line's) at `running`'s value."""
+        values = {name: dict(section) for name, section in self.values.items()}
+        for section, key in RESTART_KEYS:
+            values[section][key] = running.get(section, key)
+        for key in running.overridden:
+            values["daemon"][key] = running.get("daemon", key)
+        return Config(values, self.source, running.overridden)
 
 
 def defaults() -> Config:
@@ -175,6 +208,7 @@ def parse_config(text: str, source: str | None = None) -> Config:
         for key, value in table.items():
             config.values[section][key] = _validate(section, key, value)
     _check_ranges(config)
+    _check_consumers(config, document)
     return Config(config.values, source)
 
 
@@ -186,6 +220,39 @@ def _check_ranges(config: Config) -> None:
         if config.get(section, low) > config.get(section, high):
             raise ConfigError(f"{section}.{low} ({config.get(section, low):g}) must not exceed "
                               f"{section}.{high} ({config.get(section, high):g})")
+
+
+def _check_consumers(config: Config, document: dict[str, Any]) -> None:
+    """What each loop would refuse when it starts is refused here, at load, by the same
+    code: `--check-config`, start and reload agree, and a bad value never reaches a loop
+    (where it would fail later, with the daemon degraded and the old config gone)."""
+    IrqSettings.from_section(config.section("irq"))  # policies and overrides, by name
+    probe = config.section("probe")
+    try:
+        SamplerSettings(min_interval_s=probe["min_interval_seconds"], max_interval_s=probe["max_interval_seconds"],
+                        budget_share=probe["budget_share"], probe_leased_gpus=probe["probe_leased_gpus"])
+    except ValueError as exc:
+        raise ConfigError(f"probe: {exc}") from exc
+    if probe["backend"] == "simulated" and probe["enabled"]:
+        if not probe["simulated_table"]:
+            raise ConfigError('probe.simulated_table: backend = "simulated" needs a ground-truth table file')
+        from topod.probe.simulated import load_table
+
+        try:
+            load_table(probe["simulated_table"])
+        except ConfigError as exc:
+            raise ConfigError(f"probe.simulated_table: {exc}") from exc
+    group = document.get("daemon", {}).get("group")
+    # The packaged group ("topod", made by sysusers) may be absent: then only root and the
+    # daemon's user allocate. Any other name was chosen by the operator and must exist.
+    if group and group != SCHEMA["daemon"]["group"][1]:
+        import grp
+
+        try:
+            grp.getgrnam(group)
+        except KeyError:
+            raise ConfigError(f"daemon.group: no group {group!r} on this host (create it, name one that exists, "
+                              "or set group = \"\" for root and the daemon's user only)") from None
 
 
 MAX_CONFIG_BYTES = 1 << 20  # the documented file is ~10 KiB
@@ -223,11 +290,19 @@ def _validate(section: str, key: str, value: Any) -> Any:
         if (section, key) in POSITIVE and value == 0:
             raise ConfigError(f"{where}: must be greater than 0")
         value = float(value)
+        bounds = FLOAT_RANGE.get((section, key))
+        if bounds is not None:
+            low, high, low_included = bounds
+            if not (low <= value if low_included else low < value) or value > high:
+                raise ConfigError(f"{where}: {value:g} is not in {'[' if low_included else '('}{low:g}, {high:g}]")
     elif kind is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{where}: expected an integer, got {type(value).__name__}")
         if value < 0:
             raise ConfigError(f"{where}: must not be negative")
+        minimum = INT_MINIMUM.get((section, key))
+        if minimum is not None and value < minimum:
+            raise ConfigError(f"{where}: {value} is below the minimum, {minimum}")
     elif not isinstance(value, kind):  # type: ignore[arg-type]
         raise ConfigError(f"{where}: expected {kind.__name__}, got {type(value).__name__}")  # type: ignore[union-attr]
     choices = CHOICES.get((section, key))

@@ -182,6 +182,13 @@ HEALTH = {
 
 ENDED = {"type": "object", "properties": {"gpus": INTS}}
 
+RELOAD_VERDICT = {"type": "object", "required": ["applied", "path", "reason", "restart_required"], "properties": {
+    "applied": {"type": "boolean"},
+    "path": {"type": ["string", "null"]},
+    "reason": {"type": ["string", "null"], "description": "why the file was refused (one line naming the key)"},
+    "restart_required": {"type": "array", "items": {"type": "string"},
+                         "description": "keys read only at start whose change waits for a restart"}}}
+
 ERROR_DESCRIPTIONS = {
     400: "invalid_json, invalid_request, unknown_gpu, invalid_telemetry",
     403: "permission_denied",
@@ -284,6 +291,12 @@ def openapi_document(limits: RequestLimits | None = None, *, max_body_bytes: int
                                        "requestBody": _body(_ref("Telemetry"), True),
                                        "responses": {"202": _json({"type": "object"}, "accepted"),
                                                      **_errors(*body_errors)}}},
+            "/v1/reload": {"post": {"summary": "reload the config file and answer the verdict (root only; "
+                                               "`topoctl reload`, the unit's ExecReload=)",
+                                    "operationId": "reload",
+                                    "responses": {"200": _json(RELOAD_VERDICT, "applied: the new config runs; "
+                                                               "refused: the running config is kept, reason says why"),
+                                                  **_errors(403)}}},
             "/v1/openapi.json": {"get": {"summary": "this document", "operationId": "openapi",
                                          "responses": {"200": _json({"type": "object"}, "OpenAPI 3.1"),
                                                        **_errors()}}},

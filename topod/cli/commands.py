@@ -264,6 +264,10 @@ def _status(p: argparse.ArgumentParser) -> None:
     _handler(p, "topod.cli.lease_cmd:run_status")
 
 
+def _reload(p: argparse.ArgumentParser) -> None:
+    _handler(p, "topod.cli.lease_cmd:run_reload")
+
+
 def _run(p: argparse.ArgumentParser) -> None:
     _request_args(p)
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
@@ -288,6 +292,8 @@ COMMANDS: tuple[Command, ...] = (
     Command("leases", "list leases", _leases),
     Command("watch", "follow the daemon's events", _watch),
     Command("status", "the daemon's health", _status),
+    Command("reload", "reload the daemon's config file and wait for its verdict (root; the unit's ExecReload=): "
+                      "1 when the file is refused", _reload),
     Command("run", "allocate, run a command pinned to the lease, release", _run),
     Command("completion", "print a shell completion script (bash, zsh, fish)", _completion),
 )

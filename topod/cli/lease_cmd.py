@@ -1,4 +1,4 @@
-"""`topoctl allocate | release | renew | leases | watch | run | status`: the daemon's clients.
+"""`topoctl allocate | release | renew | leases | watch | run | status | reload`: the daemon's clients.
 
 Arguments: topod.cli.commands. Text output shows times as ISO 8601 local time; --json
 keeps the API's numbers (seconds since the epoch)."""
@@ -130,6 +130,27 @@ def run_status(args) -> int:
         print(f"topod {health['version']}: {health['status']}, {health['leases']} lease(s), "
               f"{health['gpus_free']}/{health['gpus']} GPU(s) free, {health['waiting']} waiting")
     return 0 if health["status"] == "ok" else 1
+
+
+RELOAD_TIMEOUT_SECONDS = 120.0  # a reload reads the file and may look a group up in the name service
+
+
+def run_reload(args) -> int:
+    """Ask the daemon to reload its config file and wait for the verdict (the unit's
+    ExecReload=): 0 applied, 1 refused (the running config is kept) with the reason."""
+    verdict = _client(args).request("POST", "/v1/reload", timeout=RELOAD_TIMEOUT_SECONDS)
+    restart = verdict.get("restart_required") or []
+    if args.json:
+        print(json.dumps(verdict, indent=2))
+    elif verdict.get("applied"):
+        print(f"topod: config {verdict.get('path')} applied")
+    if not verdict.get("applied"):
+        print(f"topoctl: reload refused, the running config is kept: {verdict.get('reason')}", file=sys.stderr)
+        return 1
+    if restart:
+        print(f"topoctl: changed but read only at start (kept until topod restarts): {', '.join(restart)}",
+              file=sys.stderr)
+    return 0
 
 
 def run_run(args) -> int:

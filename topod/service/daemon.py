@@ -51,6 +51,7 @@ PROBE_STARTING = "link probing is starting (its setup has not finished); try aga
 LEASE_EVENTS = ("lease_granted", "lease_released", "lease_revoked")
 # Events that are more than information in the journal (PRIORITY= follows the level).
 EVENT_LEVELS = {"loop_failed": "error", "lease_degraded": "warning", "config_rejected": "error",
+                "config_restart_required": "warning",
                 "request_rejected": "warning",
                 "irq_writes_impossible": "warning", "irq_move_failed": "warning"}
 
@@ -88,6 +89,7 @@ class Daemon:
         self._tasks: asyncio.TaskGroup | None = None
         self._loops: dict[str, asyncio.Task] = {}
         self._stop = asyncio.Event()
+        self._reload_lock = asyncio.Lock()  # SIGHUP and POST /v1/reload: one at a time
         self._rescan_now = asyncio.Event()
         self._exports_due = asyncio.Event()
         self._exports_due.set()  # write the NCCL file once at start
@@ -112,40 +114,57 @@ class Daemon:
                     reserved.update(cpu.siblings if cpu is not None else ())
         return reserved
 
-    async def reload(self) -> bool:
-        """SIGHUP: re-read the config and apply all of it; an invalid file keeps the running
-        config. Leases, the socket, the state dir and the root stay. The host is
-        rediscovered too (`systemctl reload topod` after a driver change)."""
-        self.notifier.reloading()
-        self.request_rescan()
+    async def reload(self) -> dict:
+        """SIGHUP or POST /v1/reload: re-read the config and apply all of it, or none of
+        it. The file goes through the one schema (every key, range, enum, policy, backend
+        and group), so a file the daemon would fail on later is refused now and the running
+        config stays whole. Keys read only at start (config.RESTART_KEYS: root, socket,
+        state_dir, ...) keep their running value and are named in the verdict and the log.
+        The host is rediscovered too (`systemctl reload topod` after a driver change).
+        Returns the verdict: {"applied", "reason" (refused), "restart_required" (keys)}."""
+        async with self._reload_lock:
+            self.notifier.reloading()
+            try:
+                return await self._reload()
+            finally:
+                self.notifier.ready()
+                self.notifier.status(self.status_line())
+
+    async def _reload(self) -> dict:
+        path = self.config_path or "(built-in defaults)"
         try:
             new = await asyncio.to_thread(load_config, self.config_path)
         except ConfigError as exc:
             self.config_error = str(exc)
-            self.bus.publish("config_rejected", path=self.config_path, reason=str(exc))
-            self.notifier.ready()
-            self.notifier.status(self.status_line())
-            return False
-        keep = {key: self.config.get("daemon", key) for key in ("socket", "state_dir", "root")}
-        old, self.config = self.config, new.with_overrides(**keep)
+            self.bus.publish("config_rejected", path=path, reason=str(exc))
+            return {"applied": False, "path": path, "reason": str(exc), "restart_required": []}
+        restart = self.config.restart_changes(new)
+        if restart:
+            self.bus.publish("config_restart_required", path=path, keys=",".join(restart),
+                             reason="read only at start: the running values are kept until topod restarts")
+        old, self.config = self.config, new.keeping(self.config)
         self.config_error = None
         self.allowed_group = await asyncio.to_thread(group_id, self.config.get("daemon", "group"))
         self.alloc.configure(self.config.section("alloc"), self._reserved_cpus())
         self._reconcile_loops(old)
         self.alloc.process_queue()  # fewer reserved CPUs may let a waiter in
-        self.bus.publish("config_reloaded", path=self.config_path)
-        self.notifier.ready()
-        self.notifier.status(self.status_line())
-        return True
+        self.request_rescan()
+        self.bus.publish("config_reloaded", path=path, restart_required=",".join(restart) or None)
+        return {"applied": True, "path": path, "reason": None, "restart_required": restart}
 
-    async def _reload_safely(self) -> None:
+    async def _reload_safely(self) -> dict:
         try:
-            await self.reload()
+            return await self.reload()
         except Exception as exc:  # noqa: BLE001 - a reload must never take the daemon down
             self.config_error = f"reload failed: {type(exc).__name__}: {exc}"
             log.exception("reload_failed", error=self.config_error)
             self.notifier.ready()
             self.notifier.status(self.status_line())
+            return {"applied": False, "path": self.config_path, "reason": self.config_error, "restart_required": []}
+
+    async def reload_config(self) -> dict:
+        """The API's reload (root only, checked by the route): the verdict SIGHUP logs."""
+        return await self._reload_safely()
 
     # -- the Backend the API calls ------------------------------------------------
     def topology_json(self) -> dict:

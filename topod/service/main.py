@@ -7,7 +7,12 @@ import asyncio
 import sys
 
 from topod import __version__
-from topod.errors import TopodError
+from topod.errors import ConfigError, TopodError
+
+# sysexits' EX_CONFIG: the configuration (the file, or a state directory another daemon
+# holds) is wrong, and starting again will not help. The unit does not restart on it
+# (RestartPreventExitStatus=78); every other fatal error is 1 and is restarted.
+EX_CONFIG = 78
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,17 +61,21 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as exc:  # noqa: BLE001 - one clear line, never a traceback
         if isinstance(exc, SystemExit):
             raise
-        return _fatal(exc)
+        return _fatal(exc, args.config)
     return 0
 
 
-def _fatal(exc: BaseException) -> int:
+def _fatal(exc: BaseException, config_path: str | None = None) -> int:
     """A start-up or fatal error as one line. TaskGroup failures arrive wrapped in an
-    ExceptionGroup: the first leaf is the cause."""
+    ExceptionGroup: the first leaf is the cause. A configuration error exits EX_CONFIG."""
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
     if isinstance(exc, KeyboardInterrupt):
         return 130
+    if isinstance(exc, ConfigError):
+        where = f"{config_path}: " if config_path and not str(exc).startswith(config_path) else ""
+        print(f"topod: configuration error (not restarted until fixed): {where}{exc}", file=sys.stderr)
+        return EX_CONFIG
     if isinstance(exc, (TopodError, OSError, ValueError)):
         print(f"topod: {exc}", file=sys.stderr)
     else:
