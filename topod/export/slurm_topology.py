@@ -195,8 +195,14 @@ def comment(text: str) -> str:
 
 
 def header(mode: str, version: tuple[int, int]) -> list[str]:
+    if mode == "tree":
+        fits = "any Slurm with topology/tree"
+    elif version < BLOCK_SIZES_KEY:
+        fits = "Slurm 23.11 (BlockLevels=, blocks of one size)"
+    else:
+        fits = "Slurm 24.05 or later (BlockSizes=)"
     return ["# Slurm topology.conf written by topoctl export slurm-topology",
-            f"# TopologyPlugin=topology/{mode}; format for Slurm {version_text(version)}"]
+            f"# TopologyPlugin=topology/{mode}; for {fits}"]
 
 
 # ---- tree -----------------------------------------------------------------------------
