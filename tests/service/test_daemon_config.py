@@ -158,3 +158,31 @@ def test_restart_keys_changed_in_the_file_are_reported_unless_given_on_the_comma
     kept = new.keeping(running)
     assert kept.get("daemon", "root") == "/" and kept.get("daemon", "socket") == "/run/x.sock"
     assert kept.get("log", "level") == "info"
+
+
+def test_a_second_daemon_on_the_same_state_dir_exits_78_naming_the_holder(daemon_factory):
+    first = daemon_factory(config=None)
+    client = first.start()
+    lease = client.allocate(2)
+    second = daemon_factory(config=None, root=first.root)
+    second.state = first.state
+    with pytest.raises(RuntimeError, match="daemon exited 78"):
+        second.start()
+    lines = [line for line in second.log().splitlines() if line.strip()]
+    assert len(lines) == 1 and f"pid {first.process.pid}" in lines[0] and first.state in lines[0], lines
+    assert client.lease(lease["id"])["state"] == "active" and client.health()["status"] == "ok"
+    first.stop(signal.SIGKILL)  # the kernel drops the lock with the process: no stale file blocks a start
+    third = daemon_factory(config=None, root=first.root)
+    third.state = first.state
+    assert [l["id"] for l in third.start().leases()] == [lease["id"]]
+
+
+def test_a_link_in_place_of_the_lock_file_is_refused(daemon_factory, tmp_path):
+    daemon = daemon_factory(config=None)
+    os.makedirs(daemon.state)
+    target = tmp_path / "elsewhere"
+    target.write_text("")
+    os.symlink(target, Path(daemon.state) / "topod.lock")
+    with pytest.raises(RuntimeError, match="daemon exited 78"):
+        daemon.start()
+    assert "topod.lock" in daemon.log() and "a link" in daemon.log()

@@ -34,6 +34,7 @@ from topod.service.nccl_files import NcclFiles
 from topod.service.notify import Notifier
 from topod.service.probe_task import probes_this_root
 from topod.service.state import HostState
+from topod.service.statelock import StateDirLock
 from topod.service.supervise import Backoff, supervise
 from topod.service.topology_body import TopologyBody
 from topod.service.watchdog import Supervisor, run_watchdog, watchdog_interval
@@ -68,6 +69,8 @@ class Daemon:
         self._discovery_memo = DiscoveryMemo()  # the rescan loop's alone
         self.state = HostState(discover_checked(self.host, self._discovery_memo))
         self.allowed_group = group_id(config.get("daemon", "group"))
+        # One daemon per state directory, before the lease database is opened.
+        self.state_lock = StateDirLock.acquire(config.get("daemon", "state_dir"))
         self.store = LeaseStore(config.get("daemon", "state_dir"), config.get("daemon", "sqlite_synchronous"))
         self.alloc = LeaseService(self.state, self.store, self.bus, config.section("alloc"), self._reserved_cpus(),
                                   pid_max=parse_pid_max(self.host.read("proc/sys/kernel/pid_max")))
@@ -372,6 +375,8 @@ class Daemon:
             if self.probe is not None:
                 self.probe.close()
             await asyncio.to_thread(self.store.close)
+            if self.state_lock is not None:
+                self.state_lock.close()
             log.info("daemon_stopped")
 
     def access_summary(self) -> str:
