@@ -34,53 +34,67 @@ def _free_port() -> int:
 class Slurmctld:
     """One slurmctld on a private port and state directory, for one topology.conf."""
 
-    def __init__(self, directory: Path, topology: str, nodes: list[str]):
-        self.dir = directory
+    def __init__(self, directory: Path, topology: str, nodes: list[str], *, plugin: str = "tree",
+                 slurmctld: str | None = SLURMCTLD, scontrol: str | None = SCONTROL, extra: str = "",
+                 node_state: str = "State=FUTURE"):
+        self.dir, self.slurmctld, self.scontrol = directory, slurmctld, scontrol
+        self.record = "SwitchName=" if plugin == "tree" else "BlockName="
         state = directory / "state"
         state.mkdir()
         host = socket.gethostname().split(".")[0]
-        node_lines = "".join(f"NodeName={name} CPUs=1 State=FUTURE\n" for name in nodes)
+        node_lines = "".join(f"NodeName={name} CPUs=1 {node_state}\n" for name in nodes)
         (directory / "slurm.conf").write_text(
             f"ClusterName=topodtest\nSlurmctldHost={host}\nSlurmctldPort={_free_port()}\nSlurmdPort={_free_port()}\n"
             "AuthType=auth/none\nCredType=cred/none\nMpiDefault=none\nProctrackType=proctrack/linuxproc\n"
             f"SlurmUser={getpass.getuser()}\nStateSaveLocation={state}\nSlurmctldPidFile={directory}/ctld.pid\n"
-            "SelectType=select/cons_tres\nTopologyPlugin=topology/tree\nMailProg=/bin/true\nMessageTimeout=2\n"
-            f"{node_lines}PartitionName=all Nodes=ALL Default=YES\n")
+            f"SelectType=select/cons_tres\nTopologyPlugin=topology/{plugin}\nMailProg=/bin/true\nMessageTimeout=2\n"
+            f"{extra}{node_lines}PartitionName=all Nodes=ALL Default=YES\n")
         (directory / "topology.conf").write_text(topology)
         self.env = {"SLURM_CONF": str(directory / "slurm.conf"), "PATH": "/usr/bin:/bin:/usr/sbin:/sbin"}
         self.log = directory / "slurmctld.log"
+        self.process: subprocess.Popen | None = None
 
     def show_topology(self, deadline: float = 10.0) -> str:
-        """Start slurmctld, return `scontrol show topology`; AssertionError with the log when
-        slurmctld exits or never answers."""
+        """Start slurmctld, return `scontrol show topology` (slurmctld stays up until stop());
+        AssertionError with the log when slurmctld exits or never answers."""
         with open(self.log, "w") as log:
-            process = subprocess.Popen([SLURMCTLD, "-D", "-i"], env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                       cwd=self.dir)
+            self.process = subprocess.Popen([self.slurmctld, "-D", "-i"], env=self.env, stdout=log,
+                                            stderr=subprocess.STDOUT, cwd=self.dir)
+        end = time.monotonic() + deadline
         try:
-            end = time.monotonic() + deadline
             while time.monotonic() < end:
                 time.sleep(0.2)  # a fatal config error ends slurmctld within milliseconds
-                if process.poll() is not None:
-                    raise AssertionError(f"slurmctld exited ({process.returncode}):\n{self.log.read_text()}")
+                if self.process.poll() is not None:
+                    raise AssertionError(f"slurmctld exited ({self.process.returncode}):\n{self.log.read_text()}")
                 try:
-                    result = subprocess.run([SCONTROL, "show", "topology"], env=self.env, capture_output=True,
-                                            text=True, timeout=3)
+                    result = self.run("show", "topology", timeout=3)
                 except subprocess.TimeoutExpired:
                     continue  # scontrol retries a controller that is not listening yet
-                if result.returncode == 0 and "SwitchName=" in result.stdout:
+                if result.returncode == 0 and self.record in result.stdout:
                     return result.stdout
             raise AssertionError(f"no answer from slurmctld within {deadline} s:\n{self.log.read_text()}")
-        finally:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        except BaseException:
+            self.stop()
+            raise
+
+    def run(self, *args: str, program: str | None = None, timeout: float = 5) -> subprocess.CompletedProcess:
+        return subprocess.run([program or self.scontrol, *args], env=self.env, capture_output=True, text=True,
+                              timeout=timeout)
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.process = None
 
     def expand(self, hostlist: str) -> set[str]:
-        result = subprocess.run([SCONTROL, "show", "hostnames", hostlist], env=self.env, capture_output=True,
-                                text=True, timeout=5, check=True)
+        result = self.run("show", "hostnames", hostlist)
+        assert result.returncode == 0, result.stderr
         return set(result.stdout.split())
 
 
@@ -106,7 +120,10 @@ def assert_slurmctld_loads(tmp_path: Path, text: str, nodes: list[str]) -> str:
     """slurmctld reads the file without an error about it, and shows every switch with the
     nodes and child switches topoctl wrote."""
     ctld = Slurmctld(tmp_path, text, nodes)
-    shown = ctld.show_topology()
+    try:
+        shown = ctld.show_topology()
+    finally:
+        ctld.stop()
     log = ctld.log.read_text()
     complaints = [line for line in log.splitlines()
                   if ("topology" in line.lower() or "switch" in line.lower()) and ("error" in line or "fatal" in line
