@@ -104,7 +104,9 @@ case "${1:-run}" in
         prepare
         export TOPOD_SYSTEMD_TIER=1 TOPOD_TIER_ROOTFS=$PWD/$ROOTFS TOPOD_TIER_WHEELHOUSE=$PWD/$WHEELHOUSE
         status=0
+        rm -f build/systemd-run/timings.txt
         .venv/bin/python -m pytest -q -p no:cacheprovider tests/systemd "${@:2}" || status=$?
+        cat build/systemd-run/timings.txt 2>/dev/null || true
         echo "make test-systemd: $((SECONDS - started)) s in all"
         exit $status
         ;;

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -22,8 +23,11 @@ WATCHDOG_SEC = 6
 # The tier's drop-in. ReadOnlyPaths=/proc/irq: ProtectControlGroups=yes gives the service
 # a fresh /proc without nspawn's read-only cover of /proc/irq (GUIDE, issue 23), and this
 # is the host's /proc/irq: the unit must never let it be written from here.
+# ReadWritePaths= on the fixture's IRQ files: were the daemon's own container guard to
+# fail, its writes would land there (and show), never on a real /proc/irq.
 DROPIN_TEXT = f"""[Service]
 ReadOnlyPaths=/proc/irq
+ReadWritePaths={FIXTURE}/proc/irq
 WatchdogSec={WATCHDOG_SEC}
 """
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -86,12 +90,20 @@ class Container:
     def poweroff(self, timeout: float = 60) -> None:
         if self.process is None or self.process.poll() is not None:
             return
-        self.sh("systemctl poweroff --no-block")
+        if self.pid:
+            self.sh("systemctl poweroff --no-block")
         try:
             self.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+            # SIGKILL to the container's init ends its whole pid namespace; killing only
+            # systemd-nspawn would leave the container running without it.
+            if self.pid:
+                os.kill(self.pid, signal.SIGKILL)
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
         self.pid = 0
 
     # --- topod in the container -------------------------------------------------------
