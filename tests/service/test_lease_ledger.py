@@ -54,11 +54,10 @@ def ledger(host_tree, tmp_path):
 
 
 def _on_disk(store: LeaseStore) -> set[str]:
-    db = sqlite3.connect(store.path)
-    try:
-        return {row[0] for row in db.execute("SELECT id FROM leases")}
-    finally:
-        db.close()
+    """The lease ids in the database file, read through the store's own connection (it
+    holds the file's lock) once its writer is idle."""
+    store.flush()
+    return {row[0] for row in store._db.execute("SELECT id FROM leases")}
 
 
 # -- row 1: a grant that meets the waiter's timeout ------------------------------------

@@ -32,12 +32,19 @@ def make_lease(lease_id: str, gpus: tuple[int, ...], *, cpus_per_gpu: int = 2) -
 
 
 def _another_writer_takes(store: LeaseStore, address: str) -> None:
-    """A GPU leased on disk behind the store's back: the next grant of it fails to commit."""
-    db = sqlite3.connect(store.path)
+    """A GPU leased on disk behind the mirror's back: the next grant of it fails to commit.
+    Written through the store's own connection (it holds the file's lock: no other writer
+    can), while its writer thread is idle; or by a connection of its own once closed."""
+    if store._closing:
+        db = sqlite3.connect(store.path)
+    else:
+        store.flush()
+        db = store._db
     db.execute("INSERT INTO leases VALUES ('ghost', '{}')")
     db.execute("INSERT INTO lease_devices VALUES (?, 'ghost')", (address,))
-    db.commit()
-    db.close()
+    if db is not store._db:
+        db.commit()
+        db.close()
 
 
 def test_concurrent_changes_share_one_commit_and_each_waits_for_it(tmp_path):
@@ -69,10 +76,8 @@ def test_a_gpu_in_two_leases_is_refused_before_it_is_queued(tmp_path):
 def test_the_database_refuses_a_double_grant_the_mirror_missed(tmp_path):
     store = LeaseStore(tmp_path)
     store.add(make_lease("a", (0,)))
-    db = sqlite3.connect(store.path)
     with pytest.raises(sqlite3.IntegrityError):
-        db.execute("INSERT INTO lease_devices VALUES ('0000:10:00.0', 'b')")
-    db.close()
+        store._db.execute("INSERT INTO lease_devices VALUES ('0000:10:00.0', 'b')")
     store.close()
 
 
@@ -226,31 +231,28 @@ def test_the_mirror_keeps_leased_cpus_through_adds_removes_and_undos(tmp_path):
     store.close()
 
 
-def test_checkpoints_run_off_the_commit_path_and_the_wal_stays_bounded(tmp_path, monkeypatch):
+def test_checkpoints_run_between_batches_and_the_wal_stays_bounded(tmp_path, monkeypatch):
     import topod.service.lease_store as lease_store
 
     monkeypatch.setattr(lease_store, "CHECKPOINT_EVERY_COMMITS", 4)
-    monkeypatch.setattr(lease_store, "WAL_RESTART_FRAMES", 64)  # a lagging checkpointer is caught up
     store = LeaseStore(tmp_path)
     # SQLite's own checkpoint (inside a COMMIT, so inside an answer's wait) is off
     assert store._db.execute("PRAGMA wal_autocheckpoint").fetchone() == (0,)
     wal = tmp_path / "leases.sqlite3-wal"
 
     async def churn(rounds: int) -> None:
-        for n in range(rounds):  # one change per commit: a checkpoint every 4 commits
+        for n in range(rounds):  # one change per commit, nothing waiting between them
             await store.add(make_lease(f"l{n}", (n % 8,)))
             await store.remove(f"l{n}")[1]
 
     asyncio.run(churn(40))
-    for _ in range(100):  # the checkpointer runs in its own thread
-        if store.checkpoints:
-            break
-        asyncio.run(asyncio.sleep(0.02))
-    assert store.checkpoints >= 1 and store.commits == 80
+    store.flush()
+    # one every 4 commits, but never while the next change already waits
+    assert store.checkpoints >= 10 and store.commits >= 80, (store.checkpoints, store.commits)
     size_after_80 = wal.stat().st_size
     asyncio.run(churn(40))
-    # checkpointed WAL frames are reused: 80 more commits do not grow it in proportion
-    assert wal.stat().st_size < 2 * size_after_80 + 64 * 1024, (size_after_80, wal.stat().st_size)
+    # checkpointed WAL frames are reused: 80 more commits do not grow it
+    assert wal.stat().st_size <= size_after_80 + 16 * 1024, (size_after_80, wal.stat().st_size)
     store.add(make_lease("kept", (3,)))
     store.close()
     assert wal.stat().st_size == 0 if wal.exists() else True  # closed with a TRUNCATE checkpoint
@@ -259,36 +261,24 @@ def test_checkpoints_run_off_the_commit_path_and_the_wal_stays_bounded(tmp_path,
     reopened.close()
 
 
-def test_a_wal_the_passive_checkpoints_cannot_catch_is_restarted_by_the_writer(tmp_path, monkeypatch):
+def test_a_checkpoint_waits_for_a_quiet_moment_but_not_for_ever(tmp_path, monkeypatch):
     import topod.service.lease_store as lease_store
 
-    monkeypatch.setattr(lease_store, "CHECKPOINT_EVERY_COMMITS", 1)
-    monkeypatch.setattr(lease_store, "WAL_RESTART_FRAMES", 8)
+    monkeypatch.setattr(lease_store, "CHECKPOINT_EVERY_COMMITS", 2)
+    monkeypatch.setattr(lease_store, "CHECKPOINT_FORCE_COMMITS", 6)
     store = LeaseStore(tmp_path)
-    # A reader holding a snapshot stops every PASSIVE checkpoint short: the WAL grows.
-    reader = sqlite3.connect(store.path, isolation_level=None)
-    reader.execute("BEGIN")
-    reader.execute("SELECT count(*) FROM leases").fetchone()
-
-    async def churn(rounds: int) -> None:
-        for n in range(rounds):
-            await store.add(make_lease(f"l{n}", (n % 8,)))
-            await store.remove(f"l{n}")[1]
-
-    asyncio.run(churn(20))
-    for _ in range(100):
-        if store._wal_restart_due.is_set():
-            break
-        asyncio.run(asyncio.sleep(0.02))
-    assert store._wal_restart_due.is_set(), "the checkpointer saw the WAL past its bound"
-    reader.execute("COMMIT")  # the reader lets go: the writer's RESTART can complete
-    reader.close()
-    asyncio.run(churn(1))
-    assert store.wal_restarts == 1
-    wal = tmp_path / "leases.sqlite3-wal"
-    size_after_restart = wal.stat().st_size
-    asyncio.run(churn(3))
-    assert wal.stat().st_size <= size_after_restart, "new frames reuse the restarted WAL from its start"
+    store._pending.append(lease_store._Op([], lambda: None, None, None))  # a change always waiting
+    for n in range(5):
+        store._unchecked_commits = n
+        store._checkpoint_if_due()
+    assert store.checkpoints == 0, "due, but a change waits: the answer goes first"
+    store._unchecked_commits = 6
+    store._checkpoint_if_due()
+    assert store.checkpoints == 1 and store._unchecked_commits == 0, "overdue: done regardless"
+    store._pending.clear()
+    store._unchecked_commits = 2
+    store._checkpoint_if_due()
+    assert store.checkpoints == 2, "due and quiet"
     store.close()
 
 
@@ -296,7 +286,6 @@ def test_a_failing_checkpoint_is_logged_and_loses_nothing(tmp_path, monkeypatch)
     import topod.service.lease_store as lease_store
 
     monkeypatch.setattr(lease_store, "CHECKPOINT_EVERY_COMMITS", 1)
-    real_connect = sqlite3.connect
     calls = []
 
     class Refusing:
@@ -309,27 +298,98 @@ def test_a_failing_checkpoint_is_logged_and_loses_nothing(tmp_path, monkeypatch)
                 raise sqlite3.OperationalError("disk I/O error")
             return self.connection.execute(sql, *args)
 
+        def executemany(self, sql, *args):
+            return self.connection.executemany(sql, *args)
+
         def close(self):
             self.connection.close()
 
     store = LeaseStore(tmp_path)
-    monkeypatch.setattr(lease_store.sqlite3, "connect", lambda *a, **k: Refusing(real_connect(*a, **k)))
+    store._db = Refusing(store._db)
 
     async def grant() -> None:
         await store.add(make_lease("a", (0,)))
         await store.add(make_lease("b", (1,)))
 
     asyncio.run(grant())
-    for _ in range(100):
-        if calls:
-            break
-        asyncio.run(asyncio.sleep(0.02))
+    store.flush()
     assert calls and store.checkpoints == 0
-    monkeypatch.setattr(lease_store.sqlite3, "connect", real_connect)
     store.close()
     reopened = LeaseStore(tmp_path)
     assert sorted(lease.id for lease in reopened.all()) == ["a", "b"]
     reopened.close()
+
+
+def test_the_database_is_the_daemons_alone_and_never_mapped(tmp_path, monkeypatch):
+    """EXCLUSIVE locking: no -shm file is mapped (a fault in a mapping is SIGBUS, the death
+    of the daemon), and a second store on the same state dir is one clear refusal."""
+    import topod.service.lease_store as lease_store
+
+    monkeypatch.setattr(lease_store, "BUSY_TIMEOUT_MS", 100)
+    store = LeaseStore(tmp_path)
+    store.add(make_lease("a", (0,)))
+    assert not (tmp_path / "leases.sqlite3-shm").exists()
+    with pytest.raises(LeaseStoreError, match="held by another process"):
+        LeaseStore(tmp_path)
+    other = sqlite3.connect(store.path, timeout=0.1)
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        other.execute("INSERT INTO meta VALUES ('x', 'y')")
+    other.close()
+    assert [lease.id for lease in store.all()] == ["a"]
+    store.close()
+
+
+IMMUTABLE_SCENARIO = """
+import asyncio, subprocess, sys
+from pathlib import Path
+sys.path.insert(0, {repo!r})
+from tests.service.test_lease_store import make_lease
+from topod.service.lease_store import LeaseStore, LeaseStoreError
+
+state = Path({state!r})
+store = LeaseStore(state)
+
+async def main():
+    await store.add(make_lease("a", (0,)))
+    files = sorted(str(p) for p in state.iterdir())
+    subprocess.run(["chattr", "+i", *files], check=True)
+    try:
+        await store.add(make_lease("b", (1,)))
+        print("GRANTED")
+    except LeaseStoreError as exc:
+        print("REFUSED", exc)
+    print("PROBLEM", store.problem())
+    print("MIRROR", sorted(lease.id for lease in store.all()))
+    subprocess.run(["chattr", "-i", *files], check=True)
+
+asyncio.run(main())
+"""
+
+
+def test_database_files_made_immutable_fail_writes_clearly_not_with_sigbus(tmp_path):
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if shutil.which("chattr") is None or os.geteuid() != 0:
+        pytest.skip("needs chattr and root (the immutable attribute)")
+    probe = tmp_path / "probe"
+    probe.touch()
+    if subprocess.run(["chattr", "+i", str(probe)], capture_output=True).returncode != 0:
+        pytest.skip("this file system has no immutable attribute")
+    subprocess.run(["chattr", "-i", str(probe)], check=True)
+    repo = str(Path(__file__).resolve().parents[2])
+    state = tmp_path / "state"
+    try:
+        done = subprocess.run([sys.executable, "-c", IMMUTABLE_SCENARIO.format(repo=repo, state=str(state))],
+                              capture_output=True, text=True, timeout=60)
+    finally:
+        subprocess.run(["chattr", "-R", "-i", str(state)], capture_output=True)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])  # 135 was SIGBUS
+    assert "REFUSED" in done.stdout and "GRANTED" not in done.stdout, done.stdout
+    assert "PROBLEM lease writes failing" in done.stdout
+    assert "MIRROR ['a']" in done.stdout, "the refused grant left nothing behind"
 
 
 def test_a_lease_is_encoded_once_for_its_row_and_its_answer(tmp_path):
@@ -337,7 +397,7 @@ def test_a_lease_is_encoded_once_for_its_row_and_its_answer(tmp_path):
     lease = make_lease("one", (0, 1))
     store.add(lease)  # no event loop: written before this returns
     answer = store.answer_text(lease)
-    row = sqlite3.connect(store.path).execute("SELECT body FROM leases WHERE id = 'one'").fetchone()[0]
+    row = store._db.execute("SELECT body FROM leases WHERE id = 'one'").fetchone()[0]
     assert answer is not None and answer == row  # the same text, encoded once
     assert json.loads(answer) == store.json_of(lease)
     # another version of the lease (renewed) has its own text; the old object gets none

@@ -7,8 +7,15 @@ event loop, so decisions always see it; each change returns a future that resolv
 the transaction holding it is on disk, and the API answers only after that. A failed
 commit undoes its changes in the mirror.
 
-SQLite's own checkpoints are off: a thread with its own connection copies the WAL into
-the database every CHECKPOINT_EVERY_COMMITS commits, PASSIVE, so no answer waits for it.
+The database is opened in EXCLUSIVE locking mode: the writer's connection holds the
+file's lock for the daemon's life (a second topod, or any other writer, is refused with a
+clear message rather than racing it), and SQLite keeps the WAL index in heap memory
+instead of a mapped -shm file. A mapping is what turned an I/O fault (a file made
+immutable, a page the disk could not back) into SIGBUS and the death of the daemon; now it
+is an error of that commit, undone and reported. SQLite's automatic checkpoints are off:
+the writer thread checkpoints between batches, when no change is waiting, at least every
+CHECKPOINT_EVERY_COMMITS commits, and regardless of waiting changes past
+CHECKPOINT_FORCE_COMMITS, so the WAL stays bounded under any load.
 
 A GPU (by PCI address) is in at most one lease: the mirror refuses a conflicting lease
 before it is queued, and the lease_devices primary key refuses it again on disk.
@@ -50,14 +57,12 @@ SCHEMA_VERSION = "2"  # 1: lease_gpus keyed by GPU index, decision as an untyped
 SYNCHRONOUS = ("full", "normal")
 # SQLite's automatic checkpoint runs inside the COMMIT that crosses its threshold: that
 # change (and every answer waiting on its batch) waited for the copy into the database
-# and its fsync, 10-15 ms every ~250 commits. Checkpoints run on a connection of their
-# own instead, PASSIVE (never blocking the writer), after this many commits.
+# and its fsync. The writer checkpoints between batches instead, when nothing waits,
+# once this many commits have gone into the WAL...
 CHECKPOINT_EVERY_COMMITS = 200
-# A PASSIVE checkpoint never waits, so under a steady stream of commits it can lag for
-# ever and the WAL only grows (SQLite restarts the WAL only when a writer finds every
-# frame copied back). Past this many frames the writer thread itself, between two
-# batches, runs a RESTART checkpoint: one bounded stall instead of an unbounded file.
-WAL_RESTART_FRAMES = 8192
+# ...and, when changes never stop coming, after this many regardless: one bounded stall
+# instead of a WAL that only grows.
+CHECKPOINT_FORCE_COMMITS = 2000
 BUSY_TIMEOUT_MS = 5000  # sqlite3.connect's default, made explicit
 
 
@@ -97,18 +102,29 @@ class LeaseStore:
         # path would change whatever it names: /dev/zero, another daemon's state).
         for suffix in ("-wal", "-shm", ""):
             _private_file(Path(f"{self.path}{suffix}"), create=not suffix)
+        self._db: sqlite3.Connection | None = None
         try:
             self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
                                        timeout=BUSY_TIMEOUT_MS / 1000)
+            # Before the first access in WAL mode: no -shm mapping, the lock held for life.
+            self._db.execute("PRAGMA locking_mode=EXCLUSIVE")
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute(f"PRAGMA synchronous={synchronous.upper()}")
             self._db.execute("PRAGMA foreign_keys=ON")
             self._db.execute("PRAGMA wal_autocheckpoint=0")  # see CHECKPOINT_EVERY_COMMITS
             self._migrate()
-        except sqlite3.DatabaseError as exc:  # not SQLite, or damaged: left exactly as it is
-            raise LeaseStoreError(f"lease database {self.path}: {exc}. topod leaves it untouched and will not "
-                                  "guess which GPUs it held: repair it, or move it away to start with no "
-                                  "leases") from None
+        except BaseException as exc:
+            self._close_quietly()
+            if isinstance(exc, sqlite3.OperationalError):
+                if "locked" not in str(exc) and "busy" not in str(exc):
+                    raise LeaseStoreError(f"lease database {self.path}: {exc}") from None
+                raise LeaseStoreError(f"lease database {self.path} is held by another process (a second topod on "
+                                      "this state dir?); topod does not share it: stop the other one") from None
+            if isinstance(exc, sqlite3.DatabaseError):  # not SQLite, or damaged: left exactly as it is
+                raise LeaseStoreError(f"lease database {self.path}: {exc}. topod leaves it untouched and will not "
+                                      "guess which GPUs it held: repair it, or move it away to start with no "
+                                      "leases") from None
+            raise
         for suffix in ("-wal", "-shm"):  # SQLite has just made them, with the umask's mode
             _private_file(Path(f"{self.path}{suffix}"), create=False)
         # The file this store writes is the one the next start reads only while the path
@@ -119,7 +135,12 @@ class LeaseStore:
         self.failing: str | None = None  # the last write's error, until a write succeeds
         # The database is the truth; the mirror spares a query per read and lets a
         # decision see changes whose commit is still in flight.
-        self._cache: dict[str, Lease] = {lease.id: lease for lease in self._load()}
+        try:
+            loaded = self._load()
+        except BaseException:
+            self._close_quietly()
+            raise
+        self._cache: dict[str, Lease] = {lease.id: lease for lease in loaded}
         # lease id -> (that version of the lease, its JSON, its answer text or None)
         self._json: dict[str, tuple[Lease, dict[str, Any], str | None]] = {}
         self._holder: dict[str, str] = {address: lease.id for lease in self._cache.values()
@@ -134,12 +155,18 @@ class LeaseStore:
         self.commits = 0  # transactions written (one fsync each)
         self.changes = 0  # changes they carried
         self.checkpoints = 0
-        self._checkpoint_due = threading.Event()
-        self._checkpointer: threading.Thread | None = None
-        self._wal_restart_due = threading.Event()
-        self.wal_restarts = 0
+        self._unchecked_commits = 0  # commits in the WAL since the last checkpoint
 
     # -- opening ------------------------------------------------------------------
+    def _close_quietly(self) -> None:
+        """A store that failed to open lets go of the file (and its lock) at once: a repaired
+        file can be opened again, by this process too."""
+        if self._db is not None:
+            try:
+                self._db.close()
+            except sqlite3.Error:
+                pass
+
     def _migrate(self) -> None:
         db = self._db
         db.executescript(SCHEMA)
@@ -339,12 +366,8 @@ class LeaseStore:
                 batch, self._pending = self._pending, []
                 if not batch and self._closing:
                     return
-            if self._wal_restart_due.is_set():
-                self._restart_wal()
             self._write(batch)
             self._check_own_file(batch)
-            if self.commits % CHECKPOINT_EVERY_COMMITS == 0 and self.commits:
-                self._request_checkpoint()
             by_loop: dict[asyncio.AbstractEventLoop, list[_Op]] = {}
             for op in batch:
                 if op.written is not None:
@@ -356,6 +379,9 @@ class LeaseStore:
                     loop.call_soon_threadsafe(_settle_all, ops)
                 except RuntimeError:  # the loop is gone (shutdown): nothing waits any more
                     pass
+            if any(op.sql for op in batch):
+                self._unchecked_commits += 1
+            self._checkpoint_if_due()
 
     def _check_own_file(self, batch: list[_Op]) -> None:
         """After a write: is the database still the file at its path? If not, the batch
@@ -432,49 +458,24 @@ class LeaseStore:
                 pass
             raise
 
-    # -- checkpoints, off the commit path -----------------------------------------------
-    def _request_checkpoint(self) -> None:
-        if self._checkpointer is None:
-            self._checkpointer = threading.Thread(target=self._run_checkpointer, name="topod-lease-checkpoint",
-                                                  daemon=True)
-            self._checkpointer.start()
-        self._checkpoint_due.set()
-
-    def _run_checkpointer(self) -> None:
-        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+    # -- checkpoints, between batches ---------------------------------------------------
+    def _checkpoint_if_due(self) -> None:
+        """Copy the WAL into the database when it is due and nothing waits (the answers
+        of this batch are already on their way), or regardless when it is long overdue."""
+        due = self._unchecked_commits
+        if due < CHECKPOINT_EVERY_COMMITS:
+            return
+        with self._cond:
+            waiting = bool(self._pending)
+        if waiting and due < CHECKPOINT_FORCE_COMMITS:
+            return
         try:
-            while True:
-                self._checkpoint_due.wait()
-                self._checkpoint_due.clear()
-                if self._closing:
-                    return
-                try:
-                    _busy, wal_frames, _copied = db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-                    self.checkpoints += 1
-                    if wal_frames > WAL_RESTART_FRAMES:
-                        self._wal_restart_due.set()
-                except sqlite3.Error as exc:  # the next request tries again; the WAL only grows meanwhile
-                    log.warning("lease_checkpoint_failed", error=str(exc))
-        finally:
-            db.close()
-
-    def _restart_wal(self) -> None:
-        self._wal_restart_due.clear()
-        db = self._db
-        try:
-            # Never wait on a reader here: every answer in the next batch would wait too.
-            # A busy restart is simply tried again after the next PASSIVE checkpoint.
-            db.execute("PRAGMA busy_timeout=0")
-            try:
-                busy, _frames, _copied = db.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
-            finally:
-                db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-            if busy:
-                log.info("lease_wal_restart_busy")
-            else:
-                self.wal_restarts += 1
-        except sqlite3.Error as exc:
-            log.warning("lease_checkpoint_failed", error=str(exc), mode="restart")
+            self._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            self.checkpoints += 1
+            self._unchecked_commits = 0
+        except sqlite3.Error as exc:  # tried again after the next CHECKPOINT_EVERY_COMMITS commits
+            self._unchecked_commits = 0
+            log.warning("lease_checkpoint_failed", error=str(exc))
 
     def flush(self, timeout: float = 30.0) -> None:
         """Wait until every change queued so far is on disk (or failed)."""
@@ -492,9 +493,6 @@ class LeaseStore:
             self._cond.notify()
         if self._writer is not None:
             self._writer.join(timeout=30)
-        if self._checkpointer is not None:
-            self._checkpoint_due.set()
-            self._checkpointer.join(timeout=30)
         try:  # leave a short WAL behind: the next start reads less
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
         except sqlite3.Error:
