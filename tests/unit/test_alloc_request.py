@@ -33,7 +33,7 @@ def test_short_pci_address_gets_the_default_domain():
     ({"gpus": -2}, "gpus", ">= 1"),
     ({"gpus": "2"}, "gpus", "an integer"),
     ({"gpus": True}, "gpus", "an integer"),
-    ({"gpus": 2.0}, "gpus", "an integer"),
+    ({"gpus": 2.5}, "gpus", "an integer"),  # 2.0 is the integer 2 (JSON Schema agrees)
     ({"gpus": 100000}, "gpus", "<="),
     ({"gpus": 1, "must_include": 3}, "must_include", "an array"),
     ({"gpus": 1, "must_include": [-1]}, "must_include", ">= 0"),

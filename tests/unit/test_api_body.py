@@ -98,7 +98,7 @@ LIMITS = RequestLimits(max_wait_seconds=60.0, max_ttl_seconds=3600.0, pid_max=32
     ({"owner_pid": 2**32}, "owner_pid", "<= 32768"),
     ({"owner_pid": 10**100}, "owner_pid", "digits"),
     ({"owner_pid": 0}, "owner_pid", ">= 1"),
-    ({"owner_pid": 12.0}, "owner_pid", "an integer"),
+    ({"owner_pid": 12.5}, "owner_pid", "an integer"),
 ])
 def test_service_fields_are_bounded_and_named(body, field, words):
     with pytest.raises(InvalidRequestError) as caught:

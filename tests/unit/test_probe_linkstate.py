@@ -101,7 +101,7 @@ def test_small_telemetry_transfers_are_counted_but_not_folded():
 @pytest.mark.parametrize("link, nbytes, seconds, words", [
     (str(AB), -5, 1.0, "bytes must be a positive integer, got -5"),
     (str(AB), 0, 1.0, "bytes must be a positive integer, got 0"),
-    (str(AB), 1.5e9, 1.0, "bytes must be a positive integer"),
+    (str(AB), 1.5e9 + 0.5, 1.0, "bytes must be a positive integer"),  # 1.5e9 itself is an integer
     (str(AB), True, 1.0, "bytes must be a positive integer"),
     (str(AB), 10**9, 0, "seconds must be a positive finite number, got 0"),
     (str(AB), 10**9, -1.0, "seconds must be a positive finite number"),

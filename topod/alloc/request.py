@@ -101,11 +101,23 @@ def _kind(value: Any) -> str:
             dict: "an object"}.get(type(value), type(value).__name__)
 
 
+def integral(value: Any) -> int | None:
+    """A JSON integer as an int, or None. 3.0 is the integer 3 (JSON Schema's "integer"
+    and JSON's own number model say so); true is not 1, 3.5 is not an integer."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    return None
+
+
 def _integer(body: dict, name: str, *, default: int | None = None, minimum: int, maximum: int) -> int:
-    value = body.get(name, default)
-    # bool is an int in Python; JSON true is not a count.
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidRequestError(name, f"expected an integer, got {_kind(value)}")
+    raw = body.get(name, default)
+    value = integral(raw)
+    if value is None:
+        raise InvalidRequestError(name, f"expected an integer, got {_kind(raw)}")
     if value < minimum:
         raise InvalidRequestError(name, f"must be >= {minimum}, got {_show(value)}")
     if value > maximum:
@@ -153,6 +165,8 @@ def _must_include(value: Any) -> tuple[int | str, ...]:
         raise InvalidRequestError("must_include", f"expected an array of GPU indices or PCI addresses, got {_kind(value)}")
     out: list[int | str] = []
     for item in value:
+        if integral(item) is not None:
+            item = integral(item)
         if isinstance(item, bool) or not isinstance(item, (int, str)):
             raise InvalidRequestError("must_include", f"expected GPU indices or PCI addresses, got {_kind(item)}")
         if isinstance(item, int):
@@ -308,9 +322,10 @@ def validate_ttl(value: Any, limits: RequestLimits) -> float:
                     limit_name="[alloc] renew_max_ttl_seconds")
 
 
-def validate_owner_pid(value: Any, limits: RequestLimits) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidRequestError("owner_pid", f"expected a process id (an integer), got {_kind(value)}")
+def validate_owner_pid(raw: Any, limits: RequestLimits) -> int:
+    value = integral(raw)
+    if value is None:
+        raise InvalidRequestError("owner_pid", f"expected a process id (an integer), got {_kind(raw)}")
     if value < 1:
         raise InvalidRequestError("owner_pid", f"must be >= 1, got {_show(value)}")
     if value > limits.pid_max:

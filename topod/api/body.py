@@ -16,7 +16,9 @@ Every endpoint that takes a body goes through `parse_body`:
   an integer literal of more than `MAX_INTEGER_DIGITS` digits is 400 `invalid_json`;
 - strings (keys and values): no control characters (C0, DEL, C1), no lone surrogates
   (from `\\ud800` escapes), at most `MAX_STRING_LENGTH` characters (400
-  `invalid_request` naming the field).
+  `invalid_request` naming the field);
+- keys: each at most once per object (400 `invalid_request` naming the key; json.loads
+  would keep the last one silently).
 
 Field-level rules (types, ranges, required fields) stay with the endpoint's own
 validator: topod.alloc.request for leases, the probe for telemetry.
@@ -90,6 +92,24 @@ def _parse_int(text: str) -> int:
     return int(text)
 
 
+class _DuplicateKey(Exception):  # noqa: N818 - not a ValueError: json.loads must not wrap it
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _object_without_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are all different (json.loads would keep the last silently)."""
+    value = dict(pairs)
+    if len(value) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return value
+
+
 def parse_body(raw: bytes, *, charset: str | None = None, max_bytes: int = DEFAULT_MAX_BYTES,
                optional: bool = False, max_depth: int = MAX_DEPTH) -> Any:
     """The JSON value of a request body, or a TopodError with the status it deserves."""
@@ -111,7 +131,11 @@ def parse_body(raw: bytes, *, charset: str | None = None, max_bytes: int = DEFAU
     if raw.count(b"[") + raw.count(b"{") > max_depth and (depth := nesting_depth(raw)) > max_depth:
         raise InvalidJsonError(f"request body nests arrays/objects {depth} deep; at most {max_depth}")
     try:
-        value = json.loads(text, parse_constant=_refuse_constant, parse_int=_parse_int)
+        value = json.loads(text, parse_constant=_refuse_constant, parse_int=_parse_int,
+                           object_pairs_hook=_object_without_duplicates)
+    except _DuplicateKey as exc:
+        raise InvalidRequestError(_printable(exc.key), "appears twice in one object; send each field once "
+                                                       "(JSON leaves the meaning of a repeated key open)") from None
     except json.JSONDecodeError as exc:
         raise InvalidJsonError(f"request body is not JSON: {exc}") from None
     except (ValueError, RecursionError) as exc:  # belt and braces: digit limits, the C scanner's own limits

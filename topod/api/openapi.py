@@ -22,7 +22,26 @@ from topod.api.body import DEFAULT_MAX_BYTES, MAX_DEPTH
 TEXT_PATTERN = r"^[^\u0000-\u001f\u007f-\u009f]*[^\s\u0000-\u001f\u007f-\u009f][^\u0000-\u001f\u007f-\u009f]*$"
 CLEAN_TEXT = r"^[^\u0000-\u001f\u007f-\u009f]*$"
 # must_include strings: a PCI address (domain optional) or a GPU/MIG UUID, any case.
-GPU_NAME_PATTERN = r"^(?:(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]|(?:[gG][pP][uU]|[mM][iI][gG])-[0-9a-fA-F-]{8,})$"
+# The server strips surrounding blanks before it reads one (blanks that are not control
+# characters: those are refused in every string).
+BLANKS = r"[^\S\u0000-\u001f\u007f-\u009f]*"
+GPU_NAME_PATTERN = (rf"^{BLANKS}(?:(?:[0-9a-fA-F]{{4,8}}:)?[0-9a-fA-F]{{2}}:[0-9a-fA-F]{{2}}\.[0-7]"
+                    rf"|(?:[gG][pP][uU]|[mM][iI][gG])-[0-9a-fA-F-]{{8,}}){BLANKS}$")
+
+
+def _any_case(word: str) -> str:
+    return "".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else c for c in word)
+
+
+# A telemetry link id as topod.probe.backend.parse_link reads it: kind/src/dst, any case,
+# blanks around each part; mem node->node, h2d node->device, d2h device->node, p2p
+# device->device, a device being gpuN or a PCI address with its domain.
+_NODE_END = _any_case("node") + "[0-9]+"
+_DEVICE_END = f"(?:{_any_case('gpu')}[0-9]+|[0-9a-fA-F]{{4,8}}:[0-9a-fA-F]{{2}}:[0-9a-fA-F]{{2}}\\.[0-7])"
+LINK_PATTERN = f"^{BLANKS}(?:" + "|".join(
+    f"{_any_case(kind)}{BLANKS}/{BLANKS}{src}{BLANKS}/{BLANKS}{dst}" for kind, src, dst in (
+        ("mem", _NODE_END, _NODE_END), ("h2d", _NODE_END, _DEVICE_END), ("d2h", _DEVICE_END, _NODE_END),
+        ("p2p", _DEVICE_END, _DEVICE_END))) + f"){BLANKS}$"
 
 ERROR = {
     "type": "object", "required": ["code", "message"], "additionalProperties": False,
@@ -62,8 +81,9 @@ def _lease_request(limits: RequestLimits) -> dict:
                              "description": "logical CPUs per GPU (whole cores); \"auto\": each GPU's fair share "
                                             "of its node; default from [alloc] cpus_per_gpu (auto)"},
             "min_memory_mib": {"type": "integer", "minimum": 0, "maximum": MAX_MEMORY_MIB},
-            "model": {"type": "string", "minLength": 1, "maxLength": MAX_MODEL_LENGTH, "pattern": TEXT_PATTERN,
-                      "description": "case-insensitive substring of the GPU model name"},
+            "model": {"type": ["string", "null"], "minLength": 1, "maxLength": MAX_MODEL_LENGTH,
+                      "pattern": TEXT_PATTERN,
+                      "description": "case-insensitive substring of the GPU model name (null: any model)"},
             "preemptible": {"type": "boolean"},
             "gpu_memory_nodes": {"type": "boolean",
                                  "description": "also bind memory to each GPU's own memory NUMA node (Grace)"},
@@ -75,7 +95,8 @@ def _lease_request(limits: RequestLimits) -> dict:
                           "description": "the lease ends when this process exits (max: the kernel's pid_max)"},
             "wait": {"type": ["number", "null"], "minimum": 0, "maximum": limits.max_wait_seconds,
                      "description": "seconds to queue; 0 fails fast (max: [alloc] max_wait_seconds)"},
-            "job": {"type": "string", "minLength": 1, "maxLength": MAX_JOB_LENGTH, "pattern": TEXT_PATTERN},
+            "job": {"type": ["string", "null"], "minLength": 1, "maxLength": MAX_JOB_LENGTH, "pattern": TEXT_PATTERN,
+                    "description": "a label for the lease (null: none, as when it is left out)"},
         },
     }
 
@@ -92,8 +113,10 @@ def _renew_request(limits: RequestLimits) -> dict:
 TELEMETRY = {
     "type": "object", "required": ["link", "bytes", "seconds"], "additionalProperties": False,
     "properties": {
-        "link": {"type": "string", "minLength": 1, "maxLength": 4096, "pattern": CLEAN_TEXT,
-                 "description": "a link id of this host (GET /v1/links)"},
+        "link": {"type": "string", "minLength": 1, "maxLength": 4096, "pattern": LINK_PATTERN,
+                 "description": "a link id of this host (GET /v1/links): kind/src/dst, e.g. p2p/gpu0/gpu1 or "
+                                "h2d/node0/0000:18:00.0 (400 invalid_telemetry for a link this host has not, "
+                                "a GPU it has not, a p2p link from a device to itself, or an implausible rate)"},
         "bytes": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1},
         "seconds": {"type": "number", "exclusiveMinimum": 0},
     },

@@ -29,6 +29,9 @@ MAD_SCALE = 1.4826  # MAD * this estimates sigma for normal noise
 TELEMETRY_KEYS = ("link", "bytes", "seconds")
 
 
+MAX_TELEMETRY_BYTES = 2**63 - 1
+
+
 class TelemetryError(TopodError):
     """A job's transfer report that cannot be used; the message says which field is wrong."""
 
@@ -167,8 +170,13 @@ class LinkState:
         if track is None:
             raise TelemetryError(f"telemetry: unknown link {str(link_id)!r}: not a link of this host "
                                  f"({len(self._tracks)} known; GET /v1/links lists them)")
-        if isinstance(bytes_moved, bool) or not isinstance(bytes_moved, int) or bytes_moved <= 0:
+        from topod.alloc.request import integral
+
+        if integral(bytes_moved) is None or integral(bytes_moved) <= 0:  # 2.0 is the integer 2, as in JSON
             raise TelemetryError(f"telemetry: bytes must be a positive integer, got {bytes_moved!r}")
+        bytes_moved = integral(bytes_moved)
+        if bytes_moved > MAX_TELEMETRY_BYTES:
+            raise TelemetryError(f"telemetry: bytes must be <= {MAX_TELEMETRY_BYTES}")
         if (isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds)
                 or seconds <= 0):
             raise TelemetryError(f"telemetry: seconds must be a positive finite number, got {seconds!r}")
