@@ -480,3 +480,27 @@ def test_live_profile_metrics_answer_while_links_are_probed(scenario):
     assert "topod_link_bandwidth_bytes_per_second{" in text, text[-2000:]
     assert "topod_probe_duration_seconds" in text
     s.check()
+
+
+def test_a_stalled_loop_is_logged_once_with_how_long_and_where(scenario):
+    """The IRQ worker stopped (SIGSTOP) mid-call: the irq loop stops beating without
+    failing. Past its deadline (3 intervals + 30 s) one loop_stalled names it, the time
+    and the await it hangs in; after SIGCONT the loop beats again and health is ok."""
+    s = scenario(config='[irq]\nmode = "dry-run"\ninterval_seconds = 0.5\n[probe]\nenabled = false\n'
+                        '[watchdog]\nloop_deadline_seconds = 1.0\n')
+    worker = _wait_until(lambda: s.client.health()["irq"]["worker"]["pid"])
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        stalled = _wait_until(lambda: [l for l in s.daemon.log().splitlines() if "loop_stalled" in l], timeout=60)
+        assert stalled, s.client.health()["loops"]["irq"]
+        time.sleep(2.0)  # the watchdog ticks on: still one line for this stall
+        lines = [json.loads(l) for l in s.daemon.log().splitlines() if "loop_stalled" in l]
+        assert len(lines) == 1, lines
+        line = lines[0]
+        assert line["loop"] == "irq" and line["seconds"] > line["deadline_seconds"] == 31.5, line
+        assert "irq_worker.py" in line["where"] and "in _call" in line["where"], line["where"]
+        assert any("stalled: irq" in status for status in s.notify.statuses())
+    finally:
+        os.kill(worker, signal.SIGCONT)
+    assert _wait_until(lambda: s.client.health()["status"] == "ok", timeout=15), s.client.health()
+    s.check()

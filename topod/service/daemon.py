@@ -52,7 +52,7 @@ PROBE_STARTING = "link probing is starting (its setup has not finished); try aga
 LEASE_EVENTS = ("lease_granted", "lease_released", "lease_revoked")
 # Events that are more than information in the journal (PRIORITY= follows the level).
 EVENT_LEVELS = {"loop_failed": "error", "lease_degraded": "warning", "config_rejected": "error",
-                "config_restart_required": "warning",
+                "config_restart_required": "warning", "loop_stalled": "error",
                 "request_rejected": "warning",
                 "irq_writes_impossible": "warning", "irq_move_failed": "warning"}
 
@@ -569,6 +569,15 @@ class Daemon:
         finally:
             writer.close()
 
+    def _loops_stalled(self, stalled: list[tuple[str, float, float]]) -> None:
+        """Once per stall: which loop, how long, and where it hangs (its task's await
+        chain, and the worker threads that are busy), before the watchdog restart."""
+        from topod.service.stacks import task_where
+
+        for name, seconds, deadline in stalled:
+            self.bus.publish("loop_stalled", loop=name, seconds=round(seconds, 1), deadline_seconds=deadline,
+                             where=task_where(self._loops.get(name)))
+
     async def _watchdog(self) -> None:
         try:
             interval = watchdog_interval()
@@ -577,7 +586,8 @@ class Daemon:
             interval = None
         while True:
             try:
-                await run_watchdog(self.notifier, self.supervisor, interval, status_text=self.status_line)
+                await run_watchdog(self.notifier, self.supervisor, interval, status_text=self.status_line,
+                                   on_stalled=self._loops_stalled)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - the watchdog itself is supervised too

@@ -39,6 +39,7 @@ class Supervisor:
         self._loops: dict[str, LoopState] = {}
         self._failures: dict[str, LoopFailure] = {}
         self._tokens: dict[str, int] = {}
+        self._reported: dict[str, float] = {}  # loop -> the last beat of the stall already reported
 
     def register(self, name: str, deadline: float, now: float | None = None) -> int:
         """Start watching `name`; it counts as having just beaten. Registering again
@@ -104,6 +105,18 @@ class Supervisor:
         """Names of loops past their deadline, sorted."""
         at = self._now(now)
         return sorted(s.name for s in self._loops.values() if at - s.last_beat > s.deadline)
+
+    def newly_stalled(self, now: float | None = None) -> list[tuple[str, float, float]]:
+        """(loop, seconds since its last beat, deadline) for each loop past its deadline
+        whose stall has not been returned yet: once per stall; a loop that beats and
+        stalls again is returned again."""
+        at = self._now(now)
+        out = []
+        for state in self._loops.values():
+            if at - state.last_beat > state.deadline and self._reported.get(state.name) != state.last_beat:
+                self._reported[state.name] = state.last_beat
+                out.append((state.name, at - state.last_beat, state.deadline))
+        return sorted(out)
 
     def healthy(self, now: float | None = None) -> bool:
         return not self.stalled(now)
@@ -188,17 +201,24 @@ async def run_watchdog(
     *,
     status_text: Callable[[], str] | None = None,
     idle_interval: float = 5.0,
+    on_stalled: Callable[[list[tuple[str, float, float]]], None] | None = None,
 ) -> None:
     """Run until cancelled. `interval`: seconds between pings (watchdog_interval()); None
     sends no pings but still reports stalls in STATUS= every `idle_interval` seconds.
-    STATUS= is sent only when its text changes (status_text() while healthy)."""
+    STATUS= is sent only when its text changes (status_text() while healthy).
+    `on_stalled` hears each stall once (Supervisor.newly_stalled), to log where it hung."""
     period = interval if interval is not None else idle_interval
     if not period > 0:
         raise ValueError(f"watchdog interval must be > 0 seconds, got {period!r}")
     last_status: str | None = None
     while True:
         healthy_status = status_text() if status_text is not None else "running"
-        tick = watchdog_tick(supervisor, supervisor.clock(), interval is not None, healthy_status)
+        now = supervisor.clock()
+        tick = watchdog_tick(supervisor, now, interval is not None, healthy_status)
+        if on_stalled is not None:
+            stalled = supervisor.newly_stalled(now)
+            if stalled:
+                on_stalled(stalled)
         if tick.ping:
             notifier.watchdog()
         if tick.status != last_status:
