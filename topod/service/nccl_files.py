@@ -5,6 +5,9 @@ daemon calls them from worker threads."""
 
 from __future__ import annotations
 
+import os
+import secrets
+import stat
 from collections.abc import Callable
 from pathlib import Path
 
@@ -44,21 +47,39 @@ class NcclFiles:
         if self._write(path):
             log.info("nccl_topology_written", path=path)
 
-    def lease_path(self, lease_id: str) -> Path:
-        return Path(self._config().get("daemon", "state_dir")) / "nccl" / f"{lease_id}.xml"
+    def lease_root(self) -> Path:
+        """Per-lease files live beside the socket (`<socket dir>/nccl`), not in the 0700
+        state directory, which no lease owner but root could enter: the socket's directory
+        is one every client reaches. Layout: nccl/ 0711 (root; nobody lists it), nccl/<uid>/
+        0700 owned by that user (no other user enters it), <lease>.xml 0600 owned by the
+        lease's owner. The daemon writes in a user's directory only through a descriptor
+        of it, to a fresh O_EXCL|O_NOFOLLOW name, renamed into place: a link the user puts
+        there is replaced, never followed."""
+        return Path(self._config().get("daemon", "socket")).parent / "nccl"
+
+    def lease_path(self, lease_id: str, uid: int = 0) -> Path:
+        return self.lease_root() / str(uid) / f"{lease_id}.xml"
 
     def lease_environment(self, lease) -> dict[str, str]:  # noqa: ANN001 - Lease
         if not self._enabled() or not lease.gpus:
             return {}
-        return {"NCCL_TOPO_FILE": str(self.lease_path(lease.id))}
+        return {"NCCL_TOPO_FILE": str(self.lease_path(lease.id, lease.owner_uid))}
 
     @staticmethod
     def lease_has_files(lease) -> bool:  # noqa: ANN001 - Lease
         return "NCCL_TOPO_FILE" in lease.environment
 
     def write_lease(self, lease) -> None:  # noqa: ANN001 - Lease
-        if self.lease_has_files(lease):
-            self._write(lease.environment["NCCL_TOPO_FILE"], gpus=list(lease.gpus), cpus=list(lease.cpus) or None)
+        if not self.lease_has_files(lease):
+            return
+        from topod.export.nccl import host_nccl_xml
+
+        path = lease.environment["NCCL_TOPO_FILE"]
+        try:
+            text = host_nccl_xml(self.host, self._topology(), gpus=list(lease.gpus), cpus=list(lease.cpus) or None)
+            _write_owned(Path(path), text.encode("ascii"), lease.owner_uid, lease.owner_gid)
+        except (OSError, TopodError, ValueError) as exc:
+            log.warning("nccl_topology_not_written", path=path, reason=str(exc))
 
     def remove_lease(self, lease) -> None:  # noqa: ANN001 - Lease
         path = lease.environment.get("NCCL_TOPO_FILE")
@@ -70,3 +91,52 @@ class NcclFiles:
             pass
         except OSError as exc:
             log.warning("lease_file_not_removed", lease=lease.id, reason=str(exc))
+
+
+def _private_dir(parent_fd: int, name: str, mode: int, uid: int, gid: int) -> int:
+    """A descriptor of directory `name` in `parent_fd`, made if missing, never a link,
+    owned by uid:gid with `mode`."""
+    try:
+        os.mkdir(name, mode, dir_fd=parent_fd)
+    except FileExistsError:
+        pass
+    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd)
+    try:
+        found = os.fstat(fd)
+        if (found.st_uid, found.st_gid) != (uid, gid):
+            os.fchown(fd, uid, gid)
+        if stat.S_IMODE(found.st_mode) != mode:
+            os.fchmod(fd, mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _write_owned(path: Path, data: bytes, uid: int, gid: int) -> None:
+    """`data` as path (root/<uid>/<name>), readable by uid alone; see NcclFiles.lease_root."""
+    root = path.parent.parent
+    root.mkdir(parents=True, exist_ok=True)
+    base = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        if os.fstat(base).st_uid != os.geteuid():
+            raise OSError(f"{root} is not owned by the daemon's user; not writing lease files in it")
+        os.fchmod(base, 0o711)
+        user_dir = _private_dir(base, path.parent.name, 0o700, uid, gid)
+    finally:
+        os.close(base)
+    try:
+        temp = f".{path.name}.{secrets.token_hex(8)}.tmp"
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                     dir_fd=user_dir)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fchown(fd, uid, gid)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(temp, path.name, src_dir_fd=user_dir, dst_dir_fd=user_dir)
+    finally:
+        os.close(user_dir)
