@@ -66,7 +66,7 @@ install:
 		$(DESTDIR)$(SYSCONFDIR)/topod $(DESTDIR)$(PREFIX)/share/topod $(DESTDIR)$(PREFIX)/share/doc/topod
 	ln -sfn $(VENV)/bin/topod $(DESTDIR)$(PREFIX)/bin/topod
 	ln -sfn $(VENV)/bin/topoctl $(DESTDIR)$(PREFIX)/bin/topoctl
-	sed 's|=/usr/bin/topod |=$(PREFIX)/bin/topod |; s|/etc/topod/|$(SYSCONFDIR)/topod/|g' systemd/topod.service \
+	sed 's|=/usr/bin/topod |=$(PREFIX)/bin/topod |; s|=/usr/bin/topoctl |=$(PREFIX)/bin/topoctl |; s|/etc/topod/|$(SYSCONFDIR)/topod/|g' systemd/topod.service \
 		> $(DESTDIR)$(UNITDIR)/topod.service && chmod 0644 $(DESTDIR)$(UNITDIR)/topod.service
 	install -m 0644 systemd/topod.socket $(DESTDIR)$(UNITDIR)/topod.socket
 	install -m 0644 systemd/topod.sysusers $(DESTDIR)$(SYSUSERSDIR)/topod.conf

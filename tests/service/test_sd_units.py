@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from topod.config import SCHEMA
-from topod.service.main import build_parser
+from topod.service.main import EX_CONFIG, build_parser
 
 REPO = Path(__file__).resolve().parents[2]
 UNITS = REPO / "systemd"
@@ -85,7 +85,9 @@ def test_service_is_a_watched_notify_service_that_reloads_on_sighup():
     assert one(SERVICE, "Service", "NotifyAccess") == "main"
     assert one(SERVICE, "Service", "WatchdogSec") == "30"
     assert one(SERVICE, "Service", "Restart") == "on-failure"
-    assert one(SERVICE, "Service", "ExecReload") == "/bin/kill -HUP $MAINPID"
+    # topoctl reload waits for the daemon's verdict: `systemctl reload` fails on a refused file.
+    assert one(SERVICE, "Service", "ExecReload") == "/usr/bin/topoctl reload"
+    assert one(SERVICE, "Service", "RestartPreventExitStatus") == str(EX_CONFIG)
 
 
 def test_runtime_directory_outlives_the_service_so_the_socket_survives_restarts():
@@ -142,7 +144,7 @@ def verify_root(base: Path, service_text: str) -> Path:
     root = base / "root"
     (root / "usr/bin").mkdir(parents=True)
     (root / "bin").symlink_to("usr/bin")
-    for name in ("topod", "kill"):
+    for name in ("topod", "topoctl"):
         stub = root / "usr/bin" / name
         stub.write_text("#!/bin/sh\n")
         stub.chmod(0o755)

@@ -161,11 +161,15 @@ def test_reload_with_a_good_config_exits_zero_and_keeps_the_process(tier):
     assert _active(tier)["MainPID"] == pid
 
 
-@pytest.mark.xfail(strict=False, reason="issue 23: ExecReload= sends SIGHUP and returns at once; it needs a "
-                   "command that waits for the daemon's verdict (topoctl reload) to exit non-zero")
+def _break_config(tier) -> None:
+    """The packaged config with one IRQ policy misspelt (a value that does not exist)."""
+    tier.sh(f"cp {CONFIG} {CONFIG}.good && sed -i 's|^# rdma = \"spread\"|rdma = \"spred\"|' {CONFIG}"
+            f" && grep -q '^rdma = \"spred\"' {CONFIG}", check=True)
+
+
 def test_reload_with_a_bad_config_exits_non_zero_and_keeps_the_running_config(tier):
     pid = _active(tier)["MainPID"]
-    tier.sh(f"cp {CONFIG} {CONFIG}.good && printf '[irq]\\nmode = \"spred\"\\n' >> {CONFIG}", check=True)
+    _break_config(tier)
     try:
         assert tier.sh(f"topod --check-config {CONFIG}").returncode != 0, "the file is invalid"
         result = tier.sh("systemctl reload topod")
@@ -173,7 +177,27 @@ def test_reload_with_a_bad_config_exits_non_zero_and_keeps_the_running_config(ti
         assert state["ActiveState"] == "active" and state["MainPID"] == pid, "a rejected reload changes nothing"
         assert result.returncode != 0, "systemctl reload exited 0 for a rejected config"
     finally:
-        tier.sh(f"mv {CONFIG}.good {CONFIG} && systemctl reload topod")
+        tier.sh(f"mv {CONFIG}.good {CONFIG}", check=True)
+    assert tier.sh("systemctl reload topod").returncode == 0, "the good file is accepted again"
+
+
+def test_a_config_error_at_start_fails_once_and_is_not_restarted(tier):
+    before = _active(tier)
+    since = tier.now_usec()
+    _break_config(tier)
+    try:
+        assert tier.sh("systemctl restart topod").returncode != 0
+        time.sleep(5)  # more than RestartSec=2s: a restart would have happened by now
+        state = tier.show(SERVICE, "ActiveState", "Result", "ExecMainStatus", "NRestarts")
+        assert state["ActiveState"] == "failed" and state["ExecMainStatus"] == "78", state
+        assert state["NRestarts"] == before["NRestarts"], "systemd restarted a daemon that cannot start"
+        lines = [e["MESSAGE"] for e in tier.journal("_SYSTEMD_UNIT=topod.service", since=since)
+                 if e.get("SYSLOG_IDENTIFIER") == "topod"]
+        assert any("spred" in line for line in lines), lines
+    finally:
+        tier.sh(f"mv {CONFIG}.good {CONFIG}", check=True)
+        tier.sh("systemctl reset-failed topod.service; systemctl start topod.service")
+    _wait_active(tier)
 
 
 # --- leases survive what systemd does to the service ---------------------------------
