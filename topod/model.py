@@ -156,6 +156,30 @@ def gts(speed: str | None) -> float | None:
         return None
 
 
+# An RDMA port's logical state as the kernel's infiniband/<dev>/ports/<n>/state names it.
+RDMA_PORT_STATES = ("NOP", "DOWN", "INIT", "ARMED", "ACTIVE", "ACTIVE_DEFER")
+
+
+@record
+class RdmaPort:
+    """One port of an RDMA device (infiniband/<device>/ports/<port>), as sysfs gave it."""
+
+    device: str  # the RDMA device name, e.g. mlx5_0 (what NCCL_IB_HCA and UCX name)
+    port: int  # 1-based port number
+    state: str  # one of RDMA_PORT_STATES, or "unknown" when unreadable
+    link_layer: str | None = None  # InfiniBand | Ethernet (RoCE); None when unreadable
+    phys_state: str | None = None  # e.g. LinkUp, Disabled, Polling
+
+    @property
+    def active(self) -> bool:
+        """Whether traffic can flow: only an ACTIVE port is offered to jobs."""
+        return self.state == "ACTIVE"
+
+    def to_json(self) -> dict[str, object]:
+        return {"device": self.device, "port": self.port, "state": self.state, "link_layer": self.link_layer,
+                "phys_state": self.phys_state, "active": self.active}
+
+
 @record
 class PciDevice:
     address: str  # domain:bus:slot.function, e.g. 0000:18:00.0
@@ -176,6 +200,7 @@ class PciDevice:
     msi_irqs: tuple[int, ...]
     names: tuple[str, ...] = ()  # net/infiniband/nvme/drm names of its children
     bridge_chain: tuple[str, ...] = ()  # bridges from the root port down to parent
+    rdma_ports: tuple[RdmaPort, ...] = ()  # ports of its infiniband/ children (kind rdma)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -196,6 +221,7 @@ class PciDevice:
             "link": self.link.to_json() if self.link else None,
             "msi_irqs": list(self.msi_irqs),
             "names": list(self.names),
+            "rdma_ports": [port.to_json() for port in self.rdma_ports],
         }
 
 

@@ -172,6 +172,10 @@ def _function_files(host: HostRoot, child: str) -> Iterator[Entry]:
     for cls in PCI_CHILD_CLASSES:
         for sub in host.listdir(f"{child}/{cls}"):
             yield from _file(host, f"{child}/{cls}/{sub}/uevent")
+            if cls == "infiniband":  # the ports the GPU-NIC pairing offers (topod.discover.rdma)
+                for port in host.listdir(f"{child}/{cls}/{sub}/ports"):
+                    for attr in ("state", "phys_state", "link_layer"):
+                        yield from _file(host, f"{child}/{cls}/{sub}/ports/{port}/{attr}")
     for entry in host.listdir(child):  # block/NAME and virtioN/{net,block}/NAME
         if entry == "block":
             for sub in host.listdir(f"{child}/block"):

@@ -9,7 +9,8 @@ from topod.discover.devnames import nested_child_names
 from topod.discover.memo import DiscoveryMemo, PciIdentity, directory_stamp
 from topod.discover.notes import Notes
 from topod.host import HostDir, HostRoot
-from topod.model import NumaNode, PciDevice, PciLink
+from topod.discover.rdma import read_rdma_ports
+from topod.model import NumaNode, PciDevice, PciLink, RdmaPort
 from topod.record import field, record
 
 BUS_DIR = "sys/bus/pci/devices"
@@ -67,6 +68,7 @@ class RawFunction:
     msi_irqs: list[int]
     names: list[str] = field(default_factory=list)
     has_infiniband: bool = False
+    rdma_ports: list[RdmaPort] = field(default_factory=list)
 
 
 def _quote(text: str, width: int = 40) -> str:
@@ -171,17 +173,17 @@ def _read_msi_irqs(attrs: _Attrs) -> list[int]:
     return sorted(int(name) for name in attrs.listdir("msi_irqs") if name.isdigit())
 
 
-def _child_names(attrs: _Attrs) -> tuple[list[str], bool]:
-    """Names of the function's net/infiniband/nvme/drm children, and whether it has an
-    infiniband one."""
+def _child_names(attrs: _Attrs) -> tuple[list[str], list[str]]:
+    """Names of the function's net/infiniband/nvme/drm children, and its infiniband ones."""
     names: list[str] = []
-    has_ib = False
+    infiniband: list[str] = []
     for sub in CHILD_NAME_DIRS:
         children = attrs.listdir(sub)
         names.extend(children)
-        has_ib = has_ib or (sub == "infiniband" and bool(children))
+        if sub == "infiniband":
+            infiniband = children
     names.extend(nested_child_names(attrs.host, attrs.base, attrs.entries))  # block/, virtioN/{net,block}/
-    return names, has_ib
+    return names, infiniband
 
 
 def _split_device_path(real: str) -> tuple[str | None, list[str]]:
@@ -270,7 +272,7 @@ def read_functions(host: HostRoot, notes: Notes, memo: DiscoveryMemo | None = No
 def _read_function(host: HostRoot, address: str, real: str, root_complex: str, chain: list[str],
                    attrs: _Attrs, identity: PciIdentity, numa_node: int | None,
                    local_cpus: list[int] | None) -> RawFunction:
-    names, has_ib = _child_names(attrs)
+    names, infiniband = _child_names(attrs)
     driver_link = host.readlink(f"{attrs.base}/driver") if attrs.has("driver") else None
     return RawFunction(
         address=address,
@@ -286,7 +288,8 @@ def _read_function(host: HostRoot, address: str, real: str, root_complex: str, c
         link=_read_link(attrs, identity),
         msi_irqs=_read_msi_irqs(attrs),
         names=names,
-        has_infiniband=has_ib,
+        has_infiniband=bool(infiniband),
+        rdma_ports=read_rdma_ports(host, attrs.base, infiniband, attrs.notes) if infiniband else [],
     )
 
 
@@ -419,6 +422,7 @@ def build_pci_devices(
                 msi_irqs=tuple(function.msi_irqs),
                 names=tuple(function.names),
                 bridge_chain=tuple(chain),
+                rdma_ports=tuple(function.rdma_ports),
             )
         )
     devices.sort(key=lambda d: d.address)

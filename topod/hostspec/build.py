@@ -20,6 +20,7 @@ from topod.hostspec.memnodes import gpu_memory_nodes, write_memory_nodes
 from topod.hostspec.pci import Function, PciBuilder, irq_names
 
 SPEC_PACKAGE = "topod.hostspec"
+PORT_STATE_NUMBERS = {"NOP": 0, "DOWN": 1, "INIT": 2, "ARMED": 3, "ACTIVE": 4, "ACTIVE_DEFER": 5}
 
 
 def builtin_spec_names() -> list[str]:
@@ -159,6 +160,11 @@ def _write_function(write: _Writer, f: Function, layout: CpuLayout) -> None:
         write(f"{base}/{cls}/{name}/uevent", f"DEVNAME={name}\n")
         top = cls.rsplit("/", 1)[-1]
         write.link(f"sys/class/{top}/{name}", os.path.relpath(f"{base}/{cls}/{name}", f"sys/class/{top}"))
+    for index, state in enumerate(f.port_states, start=1):  # RDMA ports, as ib_core writes them
+        port = f"{base}/infiniband/{f.names.get('infiniband', 'mlx5_0')}/ports/{index}"
+        write(f"{port}/state", f"{PORT_STATE_NUMBERS.get(state, 1)}: {state}\n")
+        write(f"{port}/phys_state", "5: LinkUp\n" if state == "ACTIVE" else "3: Disabled\n")
+        write(f"{port}/link_layer", f"{f.link_layer}\n")
     if f.driver:
         write(f"sys/bus/pci/drivers/{f.driver}/.keep", "")
         write.link(f"{base}/driver", os.path.relpath(f"sys/bus/pci/drivers/{f.driver}", base))

@@ -41,6 +41,8 @@ class Function:
     name: str | None = None  # device name NVML reports, for GPUs
     names: dict[str, str] = field(default_factory=dict)  # class dir -> name
     irqs: list[int] = field(default_factory=list)
+    port_states: list[str] = field(default_factory=list)  # RDMA: one per port, e.g. ["ACTIVE"]
+    link_layer: str = "InfiniBand"  # RDMA: InfiniBand | Ethernet (RoCE)
 
 
 @dataclass(slots=True)
@@ -166,6 +168,11 @@ class _Context:
             queues=int(spec.get("queues", queues)),
             name=spec.get("name"),
         )
+        if function.kind == "rdma":
+            # ports = N (all ACTIVE) or port_state = "DOWN" / ["ACTIVE", "DOWN"]: one per port
+            states = spec.get("port_state", ["ACTIVE"] * int(spec.get("ports", 1)))
+            function.port_states = [str(states)] if isinstance(states, str) else [str(x) for x in states]
+            function.link_layer = str(spec.get("link_layer", "InfiniBand"))
         self._name_children(function)
         self.builder.functions.append(function)
 
