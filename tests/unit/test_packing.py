@@ -53,12 +53,14 @@ def test_a_four_gpu_request_after_small_ones_still_gets_a_whole_minimum_block(ho
     assert later.level == "best" and later.cost == pytest.approx(later.best_cost)
 
 
-def brute_census(weight, n: int) -> list[frozenset[int]]:
+def brute_census(key, n: int) -> list[frozenset[int]]:
+    """Every set of every size >= 2 that is the host's best by the search's own order
+    (cost, then pairs crossing NUMA nodes)."""
     out = []
     for size in range(2, n + 1):
-        costs = {c: sum(weight[a][b] for a, b in combinations(c, 2)) for c in combinations(range(n), size)}
-        low = min(costs.values())
-        out.extend(frozenset(c) for c, cost in costs.items() if cost <= low + 1e-9)
+        keys = {c: key(c) for c in combinations(range(n), size)}
+        low = min(keys.values())
+        out.extend(frozenset(c) for c, value in keys.items() if value == low)
     return out
 
 
@@ -66,22 +68,26 @@ def brute_census(weight, n: int) -> list[frozenset[int]]:
 def test_the_choice_keeps_the_most_host_minimum_sets_free_among_the_cheapest(host, name):
     """Checked by brute force, apart from the engine: the chosen set costs the free
     minimum (fewest node crossings among equals) and no equally cheap set leaves more
-    host-minimum sets of any size wholly free."""
+    host-minimum sets of any size wholly free. Host-minimum by the same order (cost, then
+    crossings): counted by raw cost alone, the cube mesh's two cross-socket double-NVLink
+    pairs were 'best pairs' to keep, which this test once required and which made the
+    fourth 2-GPU lease a single-link pair (issue 26)."""
     topology, distances = host(name)
     gpus = [g.index for g in topology.gpus]
     n = len(gpus)
     weight = [[distances.gpus(a, b).weight for b in gpus] for a in gpus]
     node = [g.numa_node for g in topology.gpus]
-    census = brute_census(weight, n)
+
+    def key(c):
+        return (round(sum(weight[a][b] for a, b in combinations(c, 2)), 6),
+                sum(node[a] != node[b] for a, b in combinations(c, 2)))
+
+    census = brute_census(key, n)
     rng = random.Random(name)
     for _ in range(40):
         busy = set(rng.sample(range(n), rng.randint(0, 5)))
         free = [g for g in range(n) if g not in busy]
         k = rng.randint(1, len(free) - 1)
-
-        def key(c):
-            return (round(sum(weight[a][b] for a, b in combinations(c, 2)), 6),
-                    sum(node[a] != node[b] for a, b in combinations(c, 2)))
 
         def left(c):
             rest = set(free) - set(c)
@@ -95,15 +101,55 @@ def test_the_choice_keeps_the_most_host_minimum_sets_free_among_the_cheapest(hos
 
 
 def test_hosts_without_a_useful_census_keep_the_plain_tie_break(host):
-    # NVSwitch: every set of a size costs the same; 64 GPUs: too many class mixes to list.
-    for name in ("h800-8gpu", "nvs-64gpu", "pcie-64gpu"):
+    # 64 GPUs: too many class mixes to list.
+    for name in ("nvs-64gpu", "pcie-64gpu"):
         topology, distances = host(name)
         assert best_set_census(host_view(topology, distances)) is None
+    # One NVSwitch island over two NUMA nodes: every set of a size weighs the same, but
+    # the search takes a set on one node first, so the census holds only those.
+    topology, distances = host("h800-8gpu")
+    view = host_view(topology, distances)
+    census = best_set_census(view)
+    for size, mix in census:
+        nodes = {view.node[p] for p in range(view.n) if view.twin[p] in dict(mix)}
+        assert len(nodes) == (1 if size <= 4 else 2), (size, mix)
     topology, distances = host("pcie-8gpu")
     view = host_view(topology, distances)
     fours = [mix for size, mix in best_set_census(view) if size == 4]
     assert sorted({tuple(sorted(p for p in range(view.n) if view.twin[p] in dict(mix))) for mix in fours}) == \
         [(0, 1, 2, 3), (4, 5, 6, 7)]
+
+
+@pytest.mark.parametrize("level", ["any", "good", "best"])
+def test_four_pairs_on_the_cube_mesh_are_each_a_double_nvlink_pair(host, level):
+    """DGX-1 hybrid cube mesh (GPUs 0-3 on socket 0, 4-7 on socket 1; double links
+    0-3, 1-2, 2-3, 4-7, 5-6, 6-7 and, across the sockets, 0-4 and 1-5). Four 2-GPU leases
+    in a row must all be double-NVLink pairs on one socket, as go-gpuallocator's best
+    effort gives ({0,3}, {1,2}, {4,7}, {5,6}); the look-ahead once kept the cross-socket
+    pairs free and ended on {0,1}, a single link."""
+    topology, distances = host("dgx1-cubemesh")
+    node = {g.index: g.numa_node for g in topology.gpus}
+    busy: set[int] = set()
+    pairs = []
+    for _ in range(4):
+        decision = allocate(topology, distances, FreeState(busy_gpus=frozenset(busy)),
+                            Request(gpus=2, level=level))
+        busy |= set(decision.gpus)
+        pairs.append(decision.gpus)
+        assert topology.nvlink.links_between(*decision.gpus) == 2, pairs
+        assert node[decision.gpus[0]] == node[decision.gpus[1]], pairs
+        assert decision.level == "best"
+    assert sorted(pairs) == [(0, 3), (1, 2), (4, 7), (5, 6)]
+
+
+def test_the_cube_mesh_census_holds_no_cross_socket_pair(host):
+    topology, distances = host("dgx1-cubemesh")
+    view = host_view(topology, distances)
+    node = {p: view.node[p] for p in range(view.n)}
+    pairs = [tuple(p for p in range(view.n) if view.twin[p] in dict(mix))
+             for size, mix in best_set_census(view) if size == 2]
+    assert pairs and all(node[a] == node[b] for a, b in pairs), pairs
+    assert sorted(pairs) == [(0, 3), (1, 2), (2, 3), (4, 7), (5, 6), (6, 7)]
 
 
 def brute_ties(problem, k: int, slack: float) -> set[tuple[int, ...]]:

@@ -34,6 +34,9 @@ How a decision is made:
      set within k x 1e-7 of the minimum objective (equal cost, differing only in phi) is
      listed (search.solve_ties) and the one leaving the most host-minimum sets of every
      size wholly free wins; phi breaks what is left. It never trades cost for packing.
+     "Host-minimum" by the search's own costs (the node-crossing term included), so a
+     pair the search would never grant first (a DGX-1's cross-socket NVLinks) is not
+     kept at the expense of one it would.
    - back-pressure: a per-GPU penalty for overloaded nodes, in a second search only when
      the first set touches one (topod.alloc.policy).
    The search is exact unless it exhausts PolicySettings.search_budget nodes; then the

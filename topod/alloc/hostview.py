@@ -107,11 +107,15 @@ Census = tuple[tuple[int, tuple[tuple[int, int], ...]], ...]  # (size, ((twin cl
 
 
 def best_set_census(view: HostView) -> Census | None:
-    """Every set of every size >= 2 whose cost is the minimum for its size on the empty
-    host (the figure a scheduler judges a grant by), as class mixes; the engine counts how
-    many of them a choice leaves free. None when the host has more than CENSUS_LIMIT
-    mixes, or when every set of a size costs the same (one NVSwitch island: nothing to
-    keep). Memoised on the view."""
+    """Every set of every size >= 2 whose search cost (the pairwise weights plus
+    DELTA_NODE per pair crossing NUMA nodes, exactly what the search minimises) is the
+    minimum for its size on the empty host, as class mixes; the engine counts how many of
+    them a choice leaves free. Raw weights would count a cross-socket pair as good as the
+    search's own best pairs (a DGX-1's NVLinks between sockets), though the search never
+    grants it while a same-node one of equal weight is free: the look-ahead then kept
+    pairs nobody gets and broke the ones granted next. None when the host has more than
+    CENSUS_LIMIT mixes, or when every set of a size costs the same (one NVSwitch island:
+    nothing to keep). Memoised on the view."""
     if "census" not in view.cache:
         view.cache["census"] = _census(view)
     return view.cache["census"]
@@ -127,7 +131,7 @@ def _census(view: HostView) -> Census | None:
         mixes *= len(group) + 1
     if mixes > CENSUS_LIMIT:
         return None
-    w = view.weight
+    w = view.search_weight
     intra = [w[g[0]][g[1]] if len(g) > 1 else 0.0 for g in groups]
     inter = [[w[a[0]][b[0]] for b in groups] for a in groups]
     found: dict[int, list[tuple[float, tuple[tuple[int, int], ...]]]] = {}
