@@ -28,10 +28,16 @@ def default_socket() -> str:
 
 
 class ApiError(TopodError):
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(self, status: int, code: str, message: str, retryable: bool | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
+        self.retryable = retryable  # the daemon's word: False when waiting cannot help
+
+
+def _retryable(document: Any) -> bool | None:
+    value = document.get("retryable") if isinstance(document, dict) else None
+    return value if isinstance(value, bool) else None
 
 
 class _Response:
@@ -156,6 +162,10 @@ class Client:
             sock.settimeout(timeout)
             try:
                 sock.connect(self.socket_path)
+            except PermissionError as exc:
+                raise ApiError(0, "permission_denied",
+                               f"permission denied on {self.socket_path}: join group topod (sudo usermod -aG topod "
+                               "$USER, then log in again) or run as root") from exc
             except OSError as exc:
                 raise ApiError(0, "daemon_unreachable",
                                f"cannot reach topod at {self.socket_path}: {exc.strerror or exc}") from exc
@@ -188,7 +198,7 @@ class Client:
         if response.status >= 400:
             document = document if isinstance(document, dict) else {}
             raise ApiError(response.status, document.get("code", "http_error"),
-                           document.get("message", data.decode("utf-8", "replace")))
+                           document.get("message", data.decode("utf-8", "replace")), _retryable(document))
         return document
 
     def health(self) -> dict:
@@ -228,7 +238,7 @@ class Client:
                 except ValueError:
                     document = {}
                 raise ApiError(response.status, document.get("code", "http_error"),
-                               document.get("message", data.decode("utf-8", "replace")))
+                               document.get("message", data.decode("utf-8", "replace")), _retryable(document))
             for line in response.lines():
                 if not line.strip():
                     continue

@@ -57,6 +57,8 @@ ERROR = {
         "code": {"type": "string"},
         "message": {"type": "string"},
         "request_id": {"type": "string", "description": "500 only: the id the daemon log carries"},
+        "retryable": {"type": "boolean", "description": "allocation errors: false when waiting cannot help "
+                                                        "(the host never has enough GPUs of that kind)"},
     },
 }
 

@@ -138,7 +138,10 @@ async def errors_as_json(request: web.Request, handler):
         status = status_of(exc.code)
         if status == 500:  # our fault (an unknown code included): log it, keep its code and message
             return internal_error(request, exc, exc.code, str(exc))
-        response = error_response(exc.code, str(exc), status)
+        # retryable (allocation errors): False when waiting cannot help (more GPUs than the
+        # host has, a model it lacks); topoctl exits 1 then, 75 only when a retry may work.
+        retry = {"retryable": exc.retryable} if isinstance(getattr(exc, "retryable", None), bool) else {}
+        response = error_response(exc.code, str(exc), status, **retry)
         if isinstance(exc, BodyStalledError):
             await _answer_and_close(request, response)
         return response

@@ -44,7 +44,8 @@ EXIT_STATUS = (
     (1, "error (the message says what to fix)"),
     (2, "usage error: unknown option, bad value"),
     (3, "not found: unknown lease or GPU (topoctl doctor: findings reported)"),
-    (75, "temporary failure (EX_TEMPFAIL): no capacity now, queue full, daemon unavailable; retry later"),
+    (75, "temporary failure (EX_TEMPFAIL): no free capacity now, queue full, daemon unavailable; retry later "
+         "(a request the host can never satisfy is 1)"),
     (141, "standard output closed early (a reader such as head(1) stopped reading)"),
 )
 
