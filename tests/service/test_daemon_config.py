@@ -90,6 +90,8 @@ def test_topoctl_reload_refuses_a_bad_file_and_the_daemon_keeps_running_it_all(d
     assert key in refused.stderr and "running config is kept" in refused.stderr, refused.stderr
     health = client.health()
     assert health["config_error"] and key in health["config_error"]
+    status = _topoctl(daemon.socket, "status")
+    assert status.returncode == 1 and f"degraded: config rejected: {key}" in status.stdout, status
     assert not health["loops"]["irq"]["failing"] and health["irq"]["mode"] == "dry-run"
     cycles = health["irq"]["cycles"]
     assert _wait_until(lambda: client.health()["irq"]["cycles"] > cycles), "IRQ balancing goes on"

@@ -129,6 +129,8 @@ def run_status(args) -> int:
     else:
         print(f"topod {health['version']}: {health['status']}, {health['leases']} lease(s), "
               f"{health['gpus_free']}/{health['gpus']} GPU(s) free, {health['waiting']} waiting")
+        for reason in health.get("degraded") or ():  # why, one line each
+            print(f"  degraded: {reason}")
     return 0 if health["status"] == "ok" else 1
 
 
