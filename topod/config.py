@@ -42,6 +42,9 @@ SCHEMA: dict[str, dict[str, tuple[object, object]]] = {
     },
     "api": {
         "max_connections": (int, 256),
+        "max_connections_per_uid": (int, 64),
+        "root_reserved_connections": (int, 16),
+        "max_event_streams_per_uid": (int, 8),
         "idle_timeout_seconds": (float, 30.0),
         "max_body_bytes": (int, 1048576),
     },
@@ -113,7 +116,8 @@ SCHEMA: dict[str, dict[str, tuple[object, object]]] = {
 }
 
 # Whole numbers where 0 would make the daemon unusable (no connection, no body accepted).
-INT_MINIMUM = {("api", "max_connections"): 1, ("api", "max_body_bytes"): 1}
+INT_MINIMUM = {("api", "max_connections"): 1, ("api", "max_body_bytes"): 1, ("api", "max_connections_per_uid"): 1,
+               ("api", "max_event_streams_per_uid"): 1, ("api", "root_reserved_connections"): 0}
 # (low, high, low included): a share of wall time.
 FLOAT_RANGE = {("probe", "budget_share"): (0.0, 1.0, False)}
 PROBE_BACKENDS = ("host-memory", "cuda", "simulated")
@@ -220,6 +224,9 @@ def _check_ranges(config: Config) -> None:
         if config.get(section, low) > config.get(section, high):
             raise ConfigError(f"{section}.{low} ({config.get(section, low):g}) must not exceed "
                               f"{section}.{high} ({config.get(section, high):g})")
+    if config.get("api", "root_reserved_connections") >= config.get("api", "max_connections"):
+        raise ConfigError(f"api.root_reserved_connections ({config.get('api', 'root_reserved_connections')}) must be "
+                          f"less than api.max_connections ({config.get('api', 'max_connections')})")
 
 
 def _check_consumers(config: Config, document: dict[str, Any]) -> None:

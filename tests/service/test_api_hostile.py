@@ -36,7 +36,8 @@ def _get(path: str) -> bytes:
 def _error(sock_path: str, request: bytes) -> tuple[int, str, str]:
     status, _, raw, _ = _exchange(sock_path, request)
     body = _strict_json(raw)
-    assert set(body) <= {"code", "message", "request_id"} and body["message"], body
+    assert set(body) <= {"code", "message", "request_id", "retryable"} and body["message"], body
+    assert isinstance(body.get("retryable", False), bool)
     assert "Traceback" not in body["message"]
     return status, body["code"], body["message"]
 

@@ -222,10 +222,11 @@ ERROR_DESCRIPTIONS = {
     409: "insufficient_gpus, insufficient_cpus, level_unreachable, gpu_already_leased, wait_timeout",
     413: "payload_too_large: the body exceeds [api] max_body_bytes",
     415: "unsupported_media_type: a Content-Type charset other than UTF-8",
-    429: "queue_full",
+    429: "queue_full; too_many_streams (GET /v1/events beyond [api] max_event_streams_per_uid)",
     500: "internal_error (or another server fault), with a request_id the daemon log carries",
     503: "unavailable (a feature switched off, or still setting up after start: the message "
-         "says which), too_many_connections ([api] max_connections)",
+         "says which), too_many_connections ([api] max_connections, max_connections_per_uid, "
+         "root_reserved_connections)",
 }
 
 
@@ -307,7 +308,7 @@ def openapi_document(limits: RequestLimits | None = None, *, max_body_bytes: int
             },
             "/v1/events": {"get": {"summary": "event stream, one JSON object per line", "operationId": "events",
                                    "responses": {"200": {"description": "events", "content": {
-                                       "application/x-ndjson": {"schema": {"type": "string"}}}}, **_errors()}}},
+                                       "application/x-ndjson": {"schema": {"type": "string"}}}}, **_errors(429)}}},
             "/v1/irqs": {"get": {"summary": "IRQ plan and last cycle", "operationId": "irqs",
                                  "responses": {"200": _json({"type": "object"}, "irqs"), **_errors()}}},
             "/v1/links": {"get": {"summary": "expected vs measured links", "operationId": "links",

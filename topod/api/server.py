@@ -44,6 +44,7 @@ STATUS_OF_CODE = {
     "payload_too_large": 413,
     "unsupported_media_type": 415,
     "queue_full": 429,
+    "too_many_streams": 429,
     "internal_error": 500,
     "unavailable": 503,
     "too_many_connections": 503,
@@ -72,6 +73,7 @@ class Backend(Protocol):
 
 
 BACKEND = web.AppKey("backend", Backend)  # typed application key: what every handler serves from
+STREAMS = web.AppKey("event_streams", dict)  # uid -> open GET /v1/events streams
 
 
 def dumps(value: Any) -> str:
@@ -243,6 +245,7 @@ def routes(backend: Backend) -> web.Application:
     # only aiohttp's own ceiling for request.read(), which nothing here calls.
     app = web.Application(middlewares=[errors_as_json], client_max_size=64 * 1024 * 1024)
     app[BACKEND] = backend
+    app[STREAMS] = {}
     app.add_routes([
         web.get("/v1/health", health),
         web.get("/v1/topology", topology),
@@ -334,8 +337,33 @@ async def revoke_lease(request: web.Request) -> web.Response:
     return json_response({"revoked": lease.id, "gpus": list(lease.gpus)})
 
 
+class TooManyStreamsError(TopodError):
+    code = "too_many_streams"
+
+
 async def events(request: web.Request) -> web.StreamResponse:
-    bus = request.app[BACKEND].bus
+    backend = request.app[BACKEND]
+    bus = backend.bus
+    who = await caller(request)
+    streams = request.app[STREAMS]
+    share = _api_setting(backend, "max_event_streams_per_uid", int, 8)
+    if who.uid != 0 and streams.get(who.uid, 0) >= share:
+        # A stream holds a connection for ever: without a share one user's idle streams
+        # would take every connection there is.
+        raise TooManyStreamsError(f"uid {who.uid} already has {streams[who.uid]} event streams open "
+                                  f"([api] max_event_streams_per_uid = {share}); close one first")
+    streams[who.uid] = streams.get(who.uid, 0) + 1
+    try:
+        return await _stream_events(request, bus)
+    finally:
+        left = streams.get(who.uid, 1) - 1
+        if left > 0:
+            streams[who.uid] = left
+        else:
+            streams.pop(who.uid, None)
+
+
+async def _stream_events(request: web.Request, bus: Any) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-cache"})
     await response.prepare(request)
     queue = bus.subscribe()

@@ -86,6 +86,9 @@ class Daemon:
         self.probe = None
         self.hotplug: HotplugSource | None = None
         self.api_address: str | None = None
+        self.api_gate = None  # the API's ConnectionGate, set by serve()
+        self.api_site = None
+        self._own_connection: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
         self._gpu_addresses = {gpu.address for gpu in self.state.topology.gpus}
         self.container = detect_container(self.host)
         self._load = NodeLoadSampler(self.host)
@@ -197,6 +200,9 @@ class Daemon:
         store_problem = self.store.problem()
         if store_problem:
             reasons.append(store_problem)
+        refused = self.api_gate.refused_recently() if self.api_gate is not None else None
+        if refused:
+            reasons.append(refused)
         degraded_leases = [lease.id for lease in self.alloc.leases() if lease.missing_gpus]
         if degraded_leases:
             reasons.append(f"lease(s) with missing GPUs: {', '.join(degraded_leases)}")
@@ -559,15 +565,32 @@ class Daemon:
         await self._supervised("api", iteration, self._deadline(LIVENESS_INTERVAL), beat_on_failure=False)
 
     async def _ask_own_socket(self) -> None:
-        reader, writer = await asyncio.open_unix_connection(self.api_address)
+        """One GET /v1/health over the daemon's own connection to its API server (made
+        once, outside the connection count: a flood of clients, or the descriptor limit,
+        cannot fail this check); remade when it breaks."""
+        if self._own_connection is None:
+            if self.api_site is not None:
+                sock = await self.api_site.internal_connection()
+                self._own_connection = await asyncio.open_connection(sock=sock)
+            else:
+                self._own_connection = await asyncio.open_unix_connection(self.api_address)
+        reader, writer = self._own_connection
         try:
-            writer.write(b"GET /v1/health HTTP/1.1\r\nHost: topod\r\nConnection: close\r\n\r\n")
+            writer.write(b"GET /v1/health HTTP/1.1\r\nHost: topod\r\n\r\n")
             await writer.drain()
             status = await reader.readline()
-            if not status.startswith(b"HTTP/1.1 "):
+            if not status.startswith(b"HTTP/1.1 200"):
                 raise ConnectionError(f"the API answered {status[:40]!r}")
-        finally:
+            length = 0
+            while (line := await reader.readline()) not in (b"\r\n", b""):
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value.strip())
+            await reader.readexactly(length)
+        except BaseException:
+            self._own_connection = None
             writer.close()
+            raise
 
     def _loops_stalled(self, stalled: list[tuple[str, float, float]]) -> None:
         """Once per stall: which loop, how long, and where it hangs (its task's await

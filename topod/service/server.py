@@ -3,7 +3,13 @@ limits that keep a flood of clients from taking the daemon down:
 
 - at most `[api] max_connections` connections at once (and never more than the
   descriptor limit minus a reserve); one more gets a 503 `too_many_connections` and is
-  closed at once;
+  closed at once (its descriptor is freed in the same step: a Unix socket peer still reads
+  what was written before the close);
+- fair shares: one uid holds at most `[api] max_connections_per_uid` connections, and
+  the last `[api] root_reserved_connections` are root's alone, so no user, nor all users
+  together, can lock root (or the daemon's own checks) out;
+- the daemon's liveness self-check talks over a connection of its own, made at start and
+  admitted outside the count, so no flood of clients can fail it;
 - a connection that completes no request within `[api] idle_timeout_seconds` (silent,
   half-sent headers, idle keep-alive) is closed;
 - accept() failing for want of descriptors (EMFILE/ENFILE/ENOBUFS/ENOMEM) is logged once
@@ -91,8 +97,10 @@ def take_listening_socket(config: Config) -> tuple[socket.socket, str]:
 
 
 # Descriptors kept free for everything but API connections: the lease database, /proc
-# and /sys reads, pidfds of lease owners, netlink, the journal, metrics, NVML.
+# and /sys reads, pidfds of lease owners, netlink, the journal, metrics, NVML, and one
+# accept batch of connections not yet admitted or refused.
 RESERVED_DESCRIPTORS = 64
+ACCEPT_BATCH = 16
 ACCEPT_RESOURCE_MESSAGE = "socket.accept() out of system resource"
 
 
@@ -117,16 +125,27 @@ def refusal(code: str, message: str, status: str = "503 Service Unavailable") ->
 LOG_EVERY_SECONDS = 10.0
 
 
-class ConnectionGate:
-    """Counts open API connections; refuses beyond the ceiling; rate-limits accept errors."""
+REFUSALS_SHOWN_SECONDS = 60.0  # health stays degraded this long after a refusal
 
-    def __init__(self, limit: Any, nofile: int | None = None, clock=time.monotonic) -> None:
-        # limit: an int, or a callable giving the configured maximum (follows a reload)
+
+class ConnectionGate:
+    """Counts open API connections, in all and per uid; refuses beyond the ceiling, beyond
+    a uid's share, and (for anyone but root) into root's reserve; rate-limits accept errors."""
+
+    def __init__(self, limit: Any, nofile: int | None = None, clock=time.monotonic,
+                 per_uid: Any = None, root_reserve: Any = 0) -> None:
+        # limit, per_uid, root_reserve: ints, or callables giving the configured value
+        # (they follow a reload); per_uid None: no per-uid share
         self._limit = limit
+        self._per_uid = per_uid
+        self._root_reserve = root_reserve
         self.nofile = nofile
         self.clock = clock
         self.active = 0
         self.refused = 0
+        self.by_uid: dict[int | None, int] = {}
+        self.last_refusal: tuple[float, str] | None = None  # (when, why)
+        self._recent: list[float] = []  # refusal times within REFUSALS_SHOWN_SECONDS
         self.accept_failures = 0  # since start
         self._burst = 0  # failures in the current burst (0: none in progress)
         self._burst_started = 0.0
@@ -140,19 +159,57 @@ class ConnectionGate:
         configured = self._limit() if callable(self._limit) else self._limit
         return connection_ceiling(int(configured), self.nofile)
 
-    def admit(self) -> bool:
+    def admit(self, uid: int | None = None) -> bool:
+        """uid: the peer's (SO_PEERCRED), None when unknown (then it is counted as a user)."""
         self.accepted()
-        if self.active >= self.ceiling:
+        why = self._refusal(uid)
+        if why is not None:
             self.refused += 1
+            now = self.clock()
+            self.last_refusal = (now, why)
+            self._recent = [t for t in self._recent if now - t < REFUSALS_SHOWN_SECONDS][-999:] + [now]
             if self._due("refused"):
-                log.warning("connection_refused", reason="too_many_connections", active=self.active,
-                            max_connections=self.ceiling, refused_total=self.refused)
+                log.warning("connection_refused", reason=why, uid=uid, active=self.active,
+                            active_for_uid=self.by_uid.get(uid, 0), max_connections=self.ceiling,
+                            refused_total=self.refused)
             return False
         self.active += 1
+        self.by_uid[uid] = self.by_uid.get(uid, 0) + 1
         return True
 
-    def leave(self) -> None:
+    def _refusal(self, uid: int | None) -> str | None:
+        ceiling = self.ceiling
+        if self.active >= ceiling:
+            return "too_many_connections"
+        if uid == 0:
+            return None
+        reserve = min(_value(self._root_reserve), ceiling - 1)
+        if self.active >= ceiling - reserve:
+            return "root_reserve"
+        share = _value(self._per_uid)
+        if share is not None and self.by_uid.get(uid, 0) >= share:
+            return "uid_share"
+        return None
+
+    def leave(self, uid: int | None = None) -> None:
         self.active = max(0, self.active - 1)
+        count = self.by_uid.get(uid, 0) - 1
+        if count > 0:
+            self.by_uid[uid] = count
+        else:
+            self.by_uid.pop(uid, None)
+
+    def refused_recently(self) -> str | None:
+        """A line for health while refusals are recent (REFUSALS_SHOWN_SECONDS), else None."""
+        if self.last_refusal is None:
+            return None
+        now = self.clock()
+        recent = sum(1 for t in self._recent if now - t < REFUSALS_SHOWN_SECONDS)
+        if not recent:
+            return None
+        return (f"API connections refused: {recent} in the last {REFUSALS_SHOWN_SECONDS:g} s "
+                f"(last: {self.last_refusal[1]}; [api] max_connections, max_connections_per_uid, "
+                "root_reserved_connections)")
 
     def accepted(self) -> None:
         """An accept() succeeded: a burst of failures, if any, is over."""
@@ -209,6 +266,19 @@ class ConnectionGate:
         return handle
 
 
+def _value(setting: Any) -> Any:
+    return setting() if callable(setting) else setting
+
+
+def _peer_uid(transport: asyncio.BaseTransport) -> int | None:
+    from topod.api.peer import peer_credentials
+
+    try:
+        return peer_credentials(transport.get_extra_info("socket"))[1]
+    except (OSError, ValueError):
+        return None
+
+
 def _errno_name(exc: BaseException | None) -> str:
     import errno
 
@@ -216,30 +286,37 @@ def _errno_name(exc: BaseException | None) -> str:
     return errno.errorcode.get(number, str(exc)) if number is not None else str(exc)
 
 
-REFUSAL = refusal("too_many_connections", "the daemon serves its maximum of concurrent connections "
-                                          "([api] max_connections); retry shortly")
-
-
-REFUSAL_LINGER_SECONDS = 0.5
+REFUSALS = {
+    "too_many_connections": refusal("too_many_connections", "the daemon serves its maximum of concurrent "
+                                                            "connections ([api] max_connections); retry shortly"),
+    "root_reserve": refusal("too_many_connections", "the remaining connections are reserved for root "
+                                                    "([api] root_reserved_connections); retry shortly"),
+    "uid_share": refusal("too_many_connections", "this user holds its share of connections "
+                                                 "([api] max_connections_per_uid); close one and retry"),
+}
+REFUSAL = REFUSALS["too_many_connections"]
 
 
 class GatedRequestHandler(RequestHandler):
-    """aiohttp's connection protocol, counted by a ConnectionGate: one over the limit
-    gets a 503 and is closed without any of its bytes being parsed. The close lingers
-    until the client's EOF (at most REFUSAL_LINGER_SECONDS), reading and dropping what it
-    sends: closing with unread input would reset the connection before the client has
-    read the 503."""
+    """aiohttp's connection protocol, counted by a ConnectionGate: one over the limit (or
+    over its uid's share) gets a 503 and is closed at once, without any of its bytes
+    being parsed. On a Unix socket what was written before the close stays readable by
+    the peer, so nothing lingers: a flood of refused connections holds no descriptors.
+    An internal connection (the daemon's self-check) is admitted outside the count."""
 
-    __slots__ = ("_gate", "_admitted", "_refused")
+    __slots__ = ("_gate", "_admitted", "_refused", "_uid", "_internal")
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._admitted = self._gate.admit()
+        if self._internal:
+            self._admitted = True
+            super().connection_made(transport)
+            return
+        self._uid = _peer_uid(transport)
+        self._admitted = self._gate.admit(self._uid)
         if not self._admitted:
-            self._refused = transport
-            transport.write(REFUSAL)  # type: ignore[attr-defined]
-            if transport.can_write_eof():  # type: ignore[attr-defined]
-                transport.write_eof()  # type: ignore[attr-defined]
-            asyncio.get_running_loop().call_later(REFUSAL_LINGER_SECONDS, transport.close)
+            why = self._gate.last_refusal[1] if self._gate.last_refusal else "too_many_connections"
+            transport.write(REFUSALS.get(why, REFUSAL))  # type: ignore[attr-defined]
+            transport.close()  # flushes what was written, then frees the descriptor
             return
         super().connection_made(transport)
 
@@ -247,7 +324,8 @@ class GatedRequestHandler(RequestHandler):
         if not self._admitted:
             return
         self._admitted = False
-        self._gate.leave()
+        if not self._internal:
+            self._gate.leave(self._uid)
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -300,17 +378,37 @@ class GatedSockSite(web.SockSite):
         self.gate = gate
         self.handler_kwargs = handler_kwargs
 
-    def _protocol(self) -> GatedRequestHandler:
+    def _protocol(self, internal: bool = False) -> GatedRequestHandler:
         handler = GatedRequestHandler(self._runner.server, loop=asyncio.get_running_loop(), **self.handler_kwargs)
         handler._gate = self.gate
         handler._admitted = False
         handler._refused = None
+        handler._uid = None
+        handler._internal = internal
         return handler
+
+    async def internal_connection(self) -> socket.socket:
+        """A connected socket to this server that no client can crowd out: one end of a
+        socketpair served as an accepted connection outside the gate's count (the daemon's
+        liveness self-check holds it open, so the check needs no new descriptor)."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            await asyncio.get_running_loop().connect_accepted_socket(lambda: self._protocol(internal=True), theirs)
+        except BaseException:
+            ours.close()
+            theirs.close()
+            raise
+        return ours
 
     async def start(self) -> None:
         await web.BaseSite.start(self)
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(self._protocol, sock=self._sock, backlog=self._backlog)
+        # asyncio accepts up to `backlog` connections per readiness event before any of
+        # their protocols runs: with 512, one burst of a flood took every descriptor
+        # (EMFILE) before the gate could refuse and close a single one. Accept in small
+        # batches; the kernel's queue keeps its own length (listen() again below).
+        self._server = await loop.create_server(self._protocol, sock=self._sock, backlog=ACCEPT_BATCH)
+        self._sock.listen(self._backlog)
 
 
 async def serve(daemon, config: Config, listen: socket.socket | None = None) -> web.AppRunner:
@@ -329,7 +427,16 @@ async def serve(daemon, config: Config, listen: socket.socket | None = None) -> 
         current = getattr(daemon, "config", None) or config
         return int(current.get("api", "max_connections"))
 
-    gate = ConnectionGate(configured, descriptor_limit())
+    def api_int(key: str, default: int) -> int:
+        current = getattr(daemon, "config", None) or config
+        try:
+            return int(current.get("api", key))
+        except (KeyError, TypeError, ValueError):
+            return default
+
+    gate = ConnectionGate(configured, descriptor_limit(), per_uid=lambda: api_int("max_connections_per_uid", 64),
+                          root_reserve=lambda: api_int("root_reserved_connections", 16))
+    daemon.api_gate = gate
     runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=2.0, handler_cancellation=True,
                            **handler_kwargs)
     await runner.setup()
@@ -337,6 +444,7 @@ async def serve(daemon, config: Config, listen: socket.socket | None = None) -> 
     loop.set_exception_handler(gate.exception_handler(loop.get_exception_handler()))
     site = GatedSockSite(runner, listen, gate, handler_kwargs)
     await site.start()
+    daemon.api_site = site
     if gate.ceiling < configured():
         log.warning("max_connections_lowered", configured=configured(), max_connections=gate.ceiling,
                     descriptor_limit=gate.nofile, reason=f"{RESERVED_DESCRIPTORS} descriptors stay reserved")
