@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import shutil
 from pathlib import Path
 
@@ -17,6 +18,7 @@ DATA = Path(__file__).resolve().parent / "data"
 CORPUS = DATA / "hosts"
 K8S_DATA = DATA / "k8s"
 _BUILT: dict[str, Path] = {}
+_BUILDS = itertools.count()  # each build its own directory (two override builds never share one)
 
 
 @pytest.fixture(scope="session")
@@ -33,7 +35,7 @@ def host_tree(_tree_cache: Path, tmp_path: Path):
         if cached is None or overrides:
             spec = load_builtin_spec(name)
             spec.update(overrides)
-            cached = build_host(spec, _tree_cache / f"{name}-{len(_BUILT)}")
+            cached = build_host(spec, _tree_cache / f"{name}-{next(_BUILDS)}")
             if not overrides:
                 _BUILT[name] = cached
         target = tmp_path / name

@@ -16,7 +16,8 @@ def test_defaults_fill_everything_but_the_count():
 
 def test_full_request_round_trips_through_json():
     body = {"gpus": 4, "must_include": [1, "0000:18:00.0"], "level": "best", "priority": -3, "cpus_per_gpu": 6,
-            "min_memory_mib": 40000, "model": "H100", "preemptible": True, "job": "train-7", "gpu_memory_nodes": True}
+            "min_memory_mib": 40000, "model": "H100", "preemptible": True, "job": "train-7", "gpu_memory_nodes": True,
+            "nics_per_gpu": 2}
     request = Request.from_json(body)
     assert request.to_json() == body
     assert Request.from_json(request.to_json()) == request
@@ -28,6 +29,10 @@ def test_short_pci_address_gets_the_default_domain():
 
 @pytest.mark.parametrize("body, field, words", [
     ({"gpus": 1, "gpu": 2}, "gpu", "unknown field"),
+    ({"gpus": 1, "nics_per_gpu": -1}, "nics_per_gpu", ">= 0"),
+    ({"gpus": 1, "nics_per_gpu": 17}, "nics_per_gpu", "<= 16"),
+    ({"gpus": 1, "nics_per_gpu": "2"}, "nics_per_gpu", "an integer"),
+    ({"gpus": 1, "nics_per_gpu": True}, "nics_per_gpu", "an integer"),
     ({}, "gpus", "required"),
     ({"gpus": 0}, "gpus", ">= 1"),
     ({"gpus": -2}, "gpus", ">= 1"),

@@ -50,11 +50,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import comb
 
-from topod.alloc.cores import CoreMap, assign_cpus, core_map, fair_share, node_capacity, wants_cpus
+from topod.alloc.cores import (CoreMap, assign_auto, assign_cpus, auto_capacity, core_map, fair_share,
+                               node_capacity, wants_cpus)
 from topod.alloc.errors import (InsufficientCpusError, InsufficientGpusError, InvalidRequestError,
                                 LevelUnreachableError, UnknownGpuError)
 from topod.alloc.estimate import weakest
 from topod.alloc.hostview import DELTA_NODE, Census, HostView, best_set_census, host_view
+from topod.alloc.nics import pair_nics, tie_break_terms
 from topod.alloc.policy import PolicySettings, backpressure_penalty, packing_scale, topology_weight
 from topod.alloc.request import Decision, FreeState, Performance, Placement, Request
 from topod.alloc.search import SearchResult, build_problem, solve, solve_one, solve_ties
@@ -94,17 +96,28 @@ def allocate(topology: Topology, distances: DistanceModel, state: FreeState, req
     if scale:
         reasons.append(f"topology weight {tau:.2f} (low priority or short job): fragments preferred")
     unary = {p: (DELTA_FRAG + scale) * phi[p] for p in free}
+    # GPU-NIC distance: a tie-break below every GPU-GPU cost step (topod.alloc.nics)
+    nic_terms = tie_break_terms(topology, distances, [view.gpus[p] for p in free], policy.nics,
+                                request.nics_per_gpu, state.busy_nics)
+    if any(nic_terms):
+        unary = {p: unary[p] + term for p, term in zip(free, nic_terms)}
     max_nodes = limit if request.level in ("best", "good") else None
     excluded = set(state.busy_cpus) | set(state.reserved_cpus)
     cmap = view.cache.get("core_map")
     if cmap is None:
         cmap = view.cache["core_map"] = core_map(topology)
-    per_gpu = _auto_share(view, cmap, state) if request.cpus_per_gpu == "auto" else request.cpus_per_gpu
+    auto = request.cpus_per_gpu == "auto"
+    per_gpu = _auto_share(view, cmap, state) if auto else request.cpus_per_gpu
     node_cap = None
     if wants_cpus(per_gpu):
         capacity = node_capacity(topology, excluded, per_gpu, cmap)
         node_cap = {v: capacity.get(v, 0) for v in set(view.node)}
     result = _search(view, free, must, unary, node_cap, max_nodes, k, policy.search_budget, busy)
+    if auto and node_cap is not None and (result is None or (request.level == "best" and not _is_best(
+            view, result, limit, ref_cost, k))):
+        # No set of the level gets its full fair share: auto gives fewer cores instead.
+        node_cap = _degraded_cap(view, per_gpu, excluded, state, free, cmap)
+        result = _search(view, free, must, unary, node_cap, max_nodes, k, policy.search_budget, busy) or result
     if result is None:
         result = _without_cpu_limit(view, free, must, unary, node_cap, max_nodes, k, policy, request, limit, busy)
     result = _backpressure(view, free, must, unary, node_cap if node_cap and result_fits(view, result, node_cap)
@@ -117,12 +130,22 @@ def allocate(topology: Topology, distances: DistanceModel, state: FreeState, req
         raise LevelUnreachableError(f"the cheapest free set of {k} GPUs costs {cost:.2f}; level 'best' needs "
                                     f"{ref_cost:.2f} (the host's minimum) within {limit} NUMA node(s)")
     gpus = [view.gpus[p] for p in members]
-    cores = assign_cpus(topology, gpus, per_gpu, excluded, allow_fallback=request.level == "any", cmap=cmap)
+    if auto and per_gpu and not _full_shares(view, cmap, state, per_gpu, members):
+        cores = assign_auto(topology, gpus, per_gpu, excluded, set(state.reserved_cpus),
+                            allow_fallback=request.level == "any", cmap=cmap)
+    else:
+        cores = assign_cpus(topology, gpus, per_gpu, excluded, allow_fallback=request.level == "any", cmap=cmap)
     reasons.extend(cores.reasons)
     reasons.insert(0, _summary(k, cost, ref_cost, level, len(nodes), limit))
     if not result.exact:
         reasons.append(f"search budget of {policy.search_budget} nodes ran out: best set found, not proven optimal")
-    placements = tuple(Placement(g.index, g.address, g.numa_node, cores.cpus[g.index], cores.cpu_node[g.index])
+    chosen = set(members)
+    nics, nic_reasons = pair_nics(topology, distances, sorted(gpus, key=lambda g: g.index), policy.nics,
+                                  request.nics_per_gpu, state.busy_nics, state.nic_use,
+                                  [view.gpus[p] for p in free if p not in chosen])
+    reasons.extend(nic_reasons)
+    placements = tuple(Placement(g.index, g.address, g.numa_node, cores.cpus[g.index], cores.cpu_node[g.index],
+                                 nics.get(g.index, ()))
                        for g in sorted(gpus, key=lambda g: g.index))
     return Decision(
         gpus=tuple(p.index for p in placements),
@@ -165,6 +188,34 @@ def _auto_share(view: HostView, cmap: CoreMap, state: FreeState) -> dict[int, in
     if share is None:
         share = view.cache[key] = fair_share(view.topology, set(state.reserved_cpus), cmap)
     return share
+
+
+def _is_best(view: HostView, result: SearchResult, limit: int, ref_cost: float, k: int) -> bool:
+    nodes = len({view.node[p] for p in result.members})
+    return _level(nodes, limit, set_cost(view, list(result.members)), ref_cost, k) == "best"
+
+
+def _full_shares(view: HostView, cmap: CoreMap, state: FreeState, share: dict[int, int],
+                 members: tuple[int, ...] | list[int]) -> bool:
+    """Whether the empty host's cores give every GPU of the set its full auto share
+    (else topod.alloc.cores.auto_plan degrades it); per node, kept per view."""
+    key = ("full_share_capacity", state.reserved_cpus)
+    capacity = view.cache.get(key)
+    if capacity is None:
+        capacity = view.cache[key] = node_capacity(view.topology, set(state.reserved_cpus), share, cmap)
+    counts: dict[int, int] = {}
+    for p in members:
+        counts[view.node[p]] = counts.get(view.node[p], 0) + 1
+    return all(count <= capacity.get(v, 0) for v, count in counts.items())
+
+
+def _degraded_cap(view: HostView, share: dict[int, int], excluded: set[int], state: FreeState, free: list[int],
+                  cmap: CoreMap) -> dict[int, int]:
+    gpus_on: dict[int, int] = {}
+    for p in free:
+        gpus_on[view.node[p]] = gpus_on.get(view.node[p], 0) + 1
+    capacity = auto_capacity(view.topology, share, excluded, set(state.reserved_cpus), gpus_on, cmap)
+    return {v: capacity.get(v, 0) for v in set(view.node)}
 
 
 def _without_cpu_limit(view, free, must, unary, node_cap, max_nodes, k, policy, request, limit, busy) -> SearchResult:

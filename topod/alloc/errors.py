@@ -45,3 +45,14 @@ class LevelUnreachableError(AllocationError):
 class InsufficientCpusError(AllocationError):
     code = "insufficient_cpus"
     retryable = True
+
+
+class InsufficientNicsError(AllocationError):
+    """Not enough RDMA NIC ports for nics_per_gpu: free ones may come (retryable) or the
+    host never has enough."""
+
+    code = "insufficient_nics"
+
+    def __init__(self, message: str, *, retryable: bool = True) -> None:
+        super().__init__(message)
+        self.retryable = retryable

@@ -33,6 +33,7 @@ class PolicySettings:
     backpressure_tolerance: float = 0.1
     backpressure_threshold: float = 0.7
     search_budget: int = 200_000
+    nics: str = "shared"  # [alloc] nics: exclusive | shared | none (topod.alloc.nics)
 
 
 MIN_TOPOLOGY_WEIGHT = 0.05  # tau is a divisor in the engine's objective

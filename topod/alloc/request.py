@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from topod.alloc.errors import InvalidRequestError
+from topod.alloc.nics import MAX_NICS_PER_GPU, NicChoice
 
 LEVELS = ("best", "good", "any")  # strongest first
 MAX_GPUS = 4096
@@ -25,7 +26,7 @@ FORBIDDEN_CHARACTERS = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 PID_MAX_LIMIT = 4_194_304
 
 FIELDS = ("gpus", "must_include", "level", "priority", "cpus_per_gpu", "min_memory_mib", "model",
-          "preemptible", "job", "gpu_memory_nodes")
+          "preemptible", "job", "gpu_memory_nodes", "nics_per_gpu")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +41,7 @@ class Request:
     preemptible: bool = False
     job: str | None = None
     gpu_memory_nodes: bool = False  # also bind to each GPU's own memory node (Grace: GPU memory is NUMA)
+    nics_per_gpu: int | None = None  # RDMA NIC ports per GPU, required; None: the nearest one, best effort
 
     @classmethod
     def from_json(cls, body: Any) -> Request:
@@ -75,6 +77,8 @@ class Request:
             preemptible=preemptible,
             job=_text(body, "job", MAX_JOB_LENGTH),
             gpu_memory_nodes=gpu_memory_nodes,
+            nics_per_gpu=None if body.get("nics_per_gpu") is None
+            else _integer(body, "nics_per_gpu", minimum=0, maximum=MAX_NICS_PER_GPU),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -83,7 +87,7 @@ class Request:
             "priority": self.priority, "cpus_per_gpu": self.cpus_per_gpu, "min_memory_mib": self.min_memory_mib,
             "model": self.model, "preemptible": self.preemptible, "job": self.job,
             "gpu_memory_nodes": self.gpu_memory_nodes,
-        }
+        } | ({} if self.nics_per_gpu is None else {"nics_per_gpu": self.nics_per_gpu})
 
 
 def _cpus_per_gpu(body: dict) -> int | str:
@@ -202,6 +206,8 @@ class FreeState:
     # node -> load in [0, 1] (1 = saturated), e.g. the node's CPU or memory-bandwidth
     # utilisation; drives back-pressure (topod.alloc.policy). Absent nodes count as 0.
     node_load: dict[int, float] = field(default_factory=dict)
+    busy_nics: frozenset[str] = frozenset()  # NIC port keys (address/port) leases hold (topod.alloc.nics)
+    nic_use: dict[str, int] = field(default_factory=dict)  # NIC port key -> leases carrying it
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,10 +219,12 @@ class Placement:
     numa_node: int | None
     cpus: tuple[int, ...]
     cpu_node: int | None  # the node the CPUs came from (differs only in the 'any' fallback)
+    nics: tuple[NicChoice, ...] = ()  # RDMA NIC ports this GPU sends through, nearest first
 
     def to_json(self) -> dict[str, Any]:
         return {"index": self.index, "address": self.address, "numa_node": self.numa_node,
-                "cpus": list(self.cpus), "cpu_node": self.cpu_node, "memory_node": self.numa_node}
+                "cpus": list(self.cpus), "cpu_node": self.cpu_node, "memory_node": self.numa_node,
+                "nics": [nic.to_json() for nic in self.nics]}
 
 
 @dataclass(frozen=True, slots=True)
