@@ -161,3 +161,57 @@ def test_gpu_memory_nodes_binds_each_gpus_own_memory_node_when_asked(tmp_path):
     asked = allocate(topology, distances, FreeState(),
                      Request(gpus=1, must_include=(gpu.index,), gpu_memory_nodes=True))
     assert asked.memory_nodes == tuple(sorted({gpu.numa_node, gpu.memory_numa_node}))
+
+
+def _node_cpus(topology, node: int) -> list[int]:
+    return sorted(c.id for c in topology.cpus if c.numa_node == node)
+
+
+@pytest.mark.parametrize("name", ["nvs-64gpu", "pcie-64gpu"])
+def test_auto_never_makes_a_request_impossible_on_an_empty_host(host, name):
+    """Synthetic 64-GPU hosts: 8 GPUs but 4 cores per node, so the fair share (one core)
+    serves only 4 GPUs of a node. An 8-GPU request at the default level was refused for
+    lack of CPUs; auto now lets the node's GPUs share its cores, and says so."""
+    topology, distances = host(name)
+    node_of = {c.id: c.numa_node for c in topology.cpus}
+    for k in (1, 4, 8, 16, 64):
+        for level in ("good", "best"):
+            decision = allocate(topology, distances, FreeState(), Request(gpus=k, level=level, cpus_per_gpu="auto"))
+            assert decision.level == "best", (k, level)
+            assert not decision.cpu_fallback
+            for gpu, cpus in decision.cpus.items():
+                assert cpus and {node_of[c] for c in cpus} == {topology.gpu(gpu).numa_node}
+            shared = k > 4  # more than 4 GPUs of a node
+            assert any(r.startswith("warning: cpus_per_gpu auto") for r in decision.reasons) == shared, decision.reasons
+            if shared:
+                users: dict[tuple[int, ...], int] = {}
+                for cpus in decision.cpus.values():
+                    users[cpus] = users.get(cpus, 0) + 1
+                assert set(users.values()) == {2}, "8 GPUs of a node share its 4 cores, two per core"
+
+
+def test_auto_shares_a_nodes_few_cores_and_waits_for_those_other_leases_hold(h800):
+    topology, distances = h800
+    node0 = _node_cpus(topology, 0)
+    free_cores = {c for c in node0 if _core(c) < 2}  # two whole cores of node 0 usable
+    reserved = frozenset(set(node0) - free_cores)
+    request = Request(gpus=4, must_include=(0,), level="good", cpus_per_gpu="auto")
+    decision = allocate(topology, distances, FreeState(reserved_cpus=reserved), request)
+    assert {topology.gpu(g).numa_node for g in decision.gpus} == {0}
+    assert set().union(*decision.cpus.values()) == free_cores
+    assert all(len(cpus) == 2 for cpus in decision.cpus.values()), "one whole core each, shared by two GPUs"
+    assert any("warning" in r and "share" in r for r in decision.reasons)
+    # A lease holding one of those two cores: the request waits, as for a full share.
+    held = frozenset(c for c in free_cores if _core(c) == 0)
+    with pytest.raises(InsufficientCpusError):
+        allocate(topology, distances, FreeState(reserved_cpus=reserved, busy_cpus=held), request)
+
+
+def test_auto_takes_the_nearest_nodes_cores_for_a_gpu_whose_node_has_none(h800):
+    topology, distances = h800
+    reserved = frozenset(_node_cpus(topology, 0))
+    decision = allocate(topology, distances, FreeState(reserved_cpus=reserved),
+                        Request(gpus=1, must_include=(0,), level="good", cpus_per_gpu="auto"))
+    assert decision.gpus == (0,) and decision.cpu_fallback
+    assert {topology.cpu(c).numa_node for c in decision.cpus[0]} == {1} and len(decision.cpus[0]) == 2
+    assert any(r.startswith("warning: cpus_per_gpu auto: node 0 has no usable") for r in decision.reasons)

@@ -19,6 +19,14 @@ Rules, in order:
   node's usable whole cores (not reserved, isolated or nohz_full; leases do not count,
   so the share does not shrink as the node fills) less one core left for the system,
   divided by the node's GPUs, at least one core (fair_share).
+- auto never makes a request impossible on an empty host. When a set puts more GPUs on
+  a node than its usable cores can give full shares (fewer cores than GPUs: a 64-GPU
+  host of 4-core nodes), each of them gets fewer whole cores, at least one; with fewer
+  usable cores than GPUs, they share the node's cores; on a node with no usable core,
+  one core each from the nearest node (cpu_fallback). Each says so in a 'warning:'
+  reason (auto_plan, assign_auto). The degrading follows the empty host only: cores
+  held by other leases still make a request wait (insufficient_cpus), as they do for
+  a set that gets its full share.
 """
 
 from __future__ import annotations
@@ -137,8 +145,134 @@ def node_capacity(topology: Topology, excluded: set[int], cpus_per_gpu: PerGpu,
     return capacity
 
 
+def auto_plan(counts: Mapping[int | None, int], share: Mapping[int, int],
+              empty: Mapping[int, _NodeCores]) -> dict[int | None, int | None]:
+    """node -> CPUs per GPU for `counts[node]` GPUs of one set under auto, judged on the
+    empty host (`empty`: node_cores with only reserved CPUs out): the fair share when the
+    node's usable cores hold that many shares, else as many whole cores each as they
+    hold (> 0, fewer than the share); 0 when there are fewer usable cores than GPUs (the
+    GPUs share them); None when the node has no usable core (the nearest node's)."""
+    plan: dict[int | None, int | None] = {}
+    for node, m in counts.items():
+        cores = empty.get(node) if node is not None else None
+        usable = [core for core in cores.all_cores if core in cores.usable] if cores else []
+        if not usable:
+            plan[node] = None
+            continue
+        each = len(usable) // m
+        if each == 0:
+            plan[node] = 0
+            continue
+        fit = each * min(len(core) for core in usable)
+        full = share.get(node, 0) if node is not None else 0
+        plan[node] = full if full and _serves(usable, full) >= m else min(full, fit) if full else fit
+    return plan
+
+
+def _serves(cores: list[Core], wanted: int) -> int:
+    """How many GPUs `cores` (in node order) serve at `wanted` CPUs each, whole cores."""
+    served = have = 0
+    for core in cores:
+        have += len(core)
+        if have >= wanted:
+            served, have = served + 1, 0
+    return served
+
+
+def auto_capacity(topology: Topology, share: Mapping[int, int], excluded: set[int], reserved: set[int],
+                  gpus_on: Mapping[int, int], cmap: CoreMap | None = None) -> dict[int, int]:
+    """node -> how many GPUs of one set it can take under auto when degrading is allowed
+    (the search's CPU constraint once the fair share fits nowhere): the largest m such
+    that 1..m GPUs all get their auto_plan share from the node's free cores."""
+    empty = node_cores(topology, set(reserved), cmap)
+    now = node_cores(topology, set(excluded), cmap)
+    capacity: dict[int, int] = {}
+    for node, total in gpus_on.items():
+        cores = now.get(node)
+        free = [core for core in cores.all_cores if core in cores.usable] if cores else []
+        m = 0
+        while m < total:
+            wanted = auto_plan({node: m + 1}, share, empty)[node]
+            if wanted is None:
+                m = total  # no usable core here at all: the nearest node's, whatever the count
+                break
+            if wanted == 0:  # shared: all the cores the empty node would share must be free
+                if len(free) < len(empty[node].usable):
+                    break
+            elif _serves(free, wanted) < m + 1:
+                break
+            m += 1
+        capacity[node] = m
+    return capacity
+
+
+def assign_auto(topology: Topology, gpus: list[Gpu], share: Mapping[int, int], excluded: set[int],
+                reserved: set[int], allow_fallback: bool, cmap: CoreMap | None = None) -> CoreChoice:
+    """CPUs under auto for a set some node cannot give full shares on the empty host
+    (auto_plan): fewer whole cores, shared cores or the nearest node's, each warned."""
+    counts: dict[int | None, int] = {}
+    for gpu in gpus:
+        counts[gpu.numa_node] = counts.get(gpu.numa_node, 0) + 1
+    empty = node_cores(topology, set(reserved), cmap)
+    plan = auto_plan(counts, share, empty)
+    taken = set(excluded)
+    cpus: dict[int, tuple[int, ...]] = {}
+    where: dict[int, int | None] = {}
+    reasons: list[str] = []
+    fallback = False
+    nearest: list[Gpu] = []
+    for node in sorted(counts, key=lambda v: (v is None, v or 0)):
+        members = sorted((g for g in gpus if g.numa_node == node), key=lambda g: g.index)
+        wanted = plan[node]
+        usable = len(empty[node].usable) if node in empty else 0
+        if wanted is None:
+            nearest.extend(members)
+            reasons.append(f"warning: cpus_per_gpu auto: node {node} has no usable whole core; GPU "
+                           f"{', '.join(str(g.index) for g in members)} take one core each from the nearest node")
+            continue
+        if wanted == 0:
+            cores = node_cores(topology, taken, cmap)[node]
+            free = [core for core in cores.all_cores if core in cores.usable]
+            if len(free) < usable:  # other leases hold some: wait, as for a full share
+                if not allow_fallback:
+                    raise InsufficientCpusError(
+                        f"GPU {', '.join(str(g.index) for g in members)} would share node {node}'s {usable} usable "
+                        f"whole cores (fewer than its GPUs); other leases hold {usable - len(free)} of them")
+                nearest.extend(members)
+                continue
+            for j, gpu in enumerate(members):
+                cpus[gpu.index] = tuple(sorted(free[j % len(free)]))
+                where[gpu.index] = node
+            taken.update(c for core in free for c in core)
+            reasons.append(f"warning: cpus_per_gpu auto: node {node} has {usable} usable whole cores for the "
+                           f"{len(members)} GPUs of this set on it: they share its {len(free)} free cores, "
+                           f"one each in turn (less than the fair share of {share.get(node, 0)} CPUs per GPU)")
+            continue
+        choice = assign_cpus(topology, members, {node: wanted}, taken, allow_fallback, cmap, describe=False)
+        reasons.extend(choice.reasons)
+        fallback |= choice.fallback
+        for gpu in members:
+            cpus[gpu.index] = choice.cpus[gpu.index]
+            where[gpu.index] = choice.cpu_node[gpu.index]
+            taken.update(choice.cpus[gpu.index])
+        if wanted < share.get(node, 0):
+            reasons.append(f"warning: cpus_per_gpu auto: node {node} has {usable} usable whole cores for the "
+                           f"{len(members)} GPUs of this set on it: {wanted} CPUs per GPU, less than its fair "
+                           f"share of {share[node]}")
+        else:
+            reasons.append(f"cpus_per_gpu auto: each GPU's fair share of node {node} ({wanted} CPUs per GPU)")
+    if nearest:
+        one = min((len(core) for cores in empty.values() for core in cores.usable), default=1)
+        choice = assign_cpus(topology, nearest, one, taken, True, cmap, describe=False)
+        reasons.extend(choice.reasons)
+        fallback |= choice.fallback
+        cpus.update(choice.cpus)
+        where.update(choice.cpu_node)
+    return CoreChoice(cpus, where, fallback, tuple(reasons))
+
+
 def assign_cpus(topology: Topology, gpus: list[Gpu], per_gpu: PerGpu, excluded: set[int],
-                allow_fallback: bool, cmap: CoreMap | None = None) -> CoreChoice:
+                allow_fallback: bool, cmap: CoreMap | None = None, *, describe: bool = True) -> CoreChoice:
     if not wants_cpus(per_gpu):
         return CoreChoice({g.index: () for g in gpus}, {g.index: g.numa_node for g in gpus}, False, ())
     cores = node_cores(topology, excluded, cmap)
@@ -177,7 +311,9 @@ def assign_cpus(topology: Topology, gpus: list[Gpu], per_gpu: PerGpu, excluded: 
         cpus[gpu.index] = tuple(sorted(c for core in picked for c in core))
         where[gpu.index] = node
     granted = {len(v) for v in cpus.values()}
-    if isinstance(per_gpu, int):
+    if not describe:
+        pass
+    elif isinstance(per_gpu, int):
         if any(size > per_gpu for size in granted):
             reasons.append(f"cpus_per_gpu {per_gpu} rounded up to whole physical cores "
                            f"({', '.join(str(s) for s in sorted(granted))} CPUs per GPU)")
