@@ -56,6 +56,7 @@ from topod.alloc.errors import (InsufficientCpusError, InsufficientGpusError, In
                                 LevelUnreachableError, UnknownGpuError)
 from topod.alloc.estimate import weakest
 from topod.alloc.hostview import DELTA_NODE, Census, HostView, best_set_census, host_view
+from topod.alloc.nics import pair_nics, tie_break_terms
 from topod.alloc.policy import PolicySettings, backpressure_penalty, packing_scale, topology_weight
 from topod.alloc.request import Decision, FreeState, Performance, Placement, Request
 from topod.alloc.search import SearchResult, build_problem, solve, solve_one, solve_ties
@@ -95,6 +96,11 @@ def allocate(topology: Topology, distances: DistanceModel, state: FreeState, req
     if scale:
         reasons.append(f"topology weight {tau:.2f} (low priority or short job): fragments preferred")
     unary = {p: (DELTA_FRAG + scale) * phi[p] for p in free}
+    # GPU-NIC distance: a tie-break below every GPU-GPU cost step (topod.alloc.nics)
+    nic_terms = tie_break_terms(topology, distances, [view.gpus[p] for p in free], policy.nics,
+                                request.nics_per_gpu, state.busy_nics)
+    if any(nic_terms):
+        unary = {p: unary[p] + term for p, term in zip(free, nic_terms)}
     max_nodes = limit if request.level in ("best", "good") else None
     excluded = set(state.busy_cpus) | set(state.reserved_cpus)
     cmap = view.cache.get("core_map")
@@ -133,7 +139,13 @@ def allocate(topology: Topology, distances: DistanceModel, state: FreeState, req
     reasons.insert(0, _summary(k, cost, ref_cost, level, len(nodes), limit))
     if not result.exact:
         reasons.append(f"search budget of {policy.search_budget} nodes ran out: best set found, not proven optimal")
-    placements = tuple(Placement(g.index, g.address, g.numa_node, cores.cpus[g.index], cores.cpu_node[g.index])
+    chosen = set(members)
+    nics, nic_reasons = pair_nics(topology, distances, sorted(gpus, key=lambda g: g.index), policy.nics,
+                                  request.nics_per_gpu, state.busy_nics, state.nic_use,
+                                  [view.gpus[p] for p in free if p not in chosen])
+    reasons.extend(nic_reasons)
+    placements = tuple(Placement(g.index, g.address, g.numa_node, cores.cpus[g.index], cores.cpu_node[g.index],
+                                 nics.get(g.index, ()))
                        for g in sorted(gpus, key=lambda g: g.index))
     return Decision(
         gpus=tuple(p.index for p in placements),
