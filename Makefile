@@ -1,5 +1,5 @@
 # The two commands of the README: `make demo` and `make test`.
-.PHONY: demo test test-systemd bench install uninstall wheelhouse
+.PHONY: demo test test-systemd test-slurm-block bench install uninstall wheelhouse
 
 demo:
 	@bash scripts/setup.sh
@@ -15,6 +15,24 @@ test:
 # one "skipped:" line) where it cannot run. See README, "The systemd tier".
 test-systemd:
 	@bash scripts/systemd-tier.sh run
+
+# Block topology files against a real slurmctld with topology/block (Slurm >= 24.05, which
+# Debian 12 lacks): built once from a SchedMD/slurm checkout (SLURM_SRC=dir, 7-10 minutes)
+# into SLURM_PREFIX (default build/slurm, then reused), or an existing install named by
+# SLURM_PREFIX. See README, "Slurm topology.conf".
+SLURM_SRC ?=
+SLURM_PREFIX ?= $(CURDIR)/build/slurm
+test-slurm-block:
+	@bash scripts/setup.sh --test
+	@if [ ! -x "$(SLURM_PREFIX)/sbin/slurmctld" ]; then \
+		if [ -z "$(SLURM_SRC)" ] || [ ! -x "$(SLURM_SRC)/configure" ]; then \
+			echo "no slurmctld in SLURM_PREFIX=$(SLURM_PREFIX): set SLURM_SRC to a SchedMD/slurm checkout (>= 24.05) to build it there" >&2; exit 2; fi; \
+		echo "building Slurm from $(SLURM_SRC) into $(SLURM_PREFIX) (once; 7-10 minutes)"; mkdir -p "$(CURDIR)/build"; \
+		cd "$(SLURM_SRC)" && ./configure --prefix="$(SLURM_PREFIX)" --without-munge > "$(CURDIR)/build/slurm-configure.log" 2>&1 \
+			&& nice make -j"$$(nproc)" -C src > "$(CURDIR)/build/slurm-make.log" 2>&1 \
+			&& make -C src install > "$(CURDIR)/build/slurm-install.log" 2>&1 \
+			|| { echo "Slurm build failed: see build/slurm-*.log" >&2; exit 1; }; fi
+	TOPOD_SLURM_PREFIX="$(SLURM_PREFIX)" .venv/bin/python -m pytest -q -rs tests/host/test_slurm_block_slurmctld.py
 
 bench:
 	@bash scripts/setup.sh --test
