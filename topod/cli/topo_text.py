@@ -116,6 +116,9 @@ def _matrix(topology: Topology, model: DistanceModel) -> list[str]:
     if len(rows) < 2 and not topology.gpus:
         return []
     devices = {d.address: d for d in topology.pci_devices}
+    # GPU NUMA ID: the node holding the GPU's own memory (Grace Hopper/Blackwell), as
+    # nvidia-smi prints it there; N/A where GPU memory is not a NUMA node.
+    memory_node = {g.address: g.memory_numa_node for g in topology.gpus if g.memory_numa_node is not None}
     labels = [label for label, _ in rows]
     lines = ["\t" + "\t".join(labels) + "\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID"]
     for label, address in rows:
@@ -124,7 +127,7 @@ def _matrix(topology: Topology, model: DistanceModel) -> list[str]:
             device = devices.get(address)
             affinity = format_cpulist(device.local_cpus) if device and device.local_cpus else "N/A"
             node = device.numa_node if device and device.numa_node is not None else "N/A"
-            lines.append(f"{label}\t{cells}\t{affinity}\t{node}\t\tN/A")
+            lines.append(f"{label}\t{cells}\t{affinity}\t{node}\t\t{memory_node.get(address, 'N/A')}")
         else:
             lines.append(f"{label}\t{cells}")  # nvidia-smi gives NICs no affinity columns
     lines += ["", *LEGEND]
