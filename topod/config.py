@@ -11,6 +11,7 @@ import tomllib
 from dataclasses import dataclass
 from typing import Any
 
+from topod.alloc.nics import NIC_MODES
 from topod.alloc.policy import PolicySettings
 from topod.discover.udev import UdevSettings
 from topod.cpulist import parse_cpulist
@@ -68,6 +69,7 @@ SCHEMA: dict[str, dict[str, tuple[object, object]]] = {
         "renew_max_ttl_seconds": (float, 7 * 24 * 3600.0),
         "max_priority_non_root": (int, 0),
         "unconfirmed_grace_seconds": (float, 300.0),
+        "nics": (str, _POLICY.nics),
     },
     "irq": {
         # The balancer's keys take their defaults from topod.irq.settings (one place).
@@ -134,6 +136,7 @@ POSITIVE = {("daemon", "rescan_interval_seconds"), ("irq", "interval_seconds"), 
 
 CHOICES = {
     ("alloc", "default_level"): ("best", "good", "any"),
+    ("alloc", "nics"): NIC_MODES,
     ("probe", "backend"): PROBE_BACKENDS,
     ("irq", "mode"): IRQ_MODES,
     ("irq", "irqbalance"): IRQBALANCE_CHOICES,

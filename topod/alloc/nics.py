@@ -252,3 +252,28 @@ def _exclusive(table: _Table, gpus: Sequence[Gpu], want: int, busy: frozenset[st
 def lease_nic_keys(placements: Iterable[Any]) -> set[str]:
     """Keys of the NICs a decision's placements carry (any object with .nics)."""
     return {choice.key for placement in placements for choice in getattr(placement, "nics", ())}
+
+
+def _item(choice: NicChoice) -> str:
+    """How NCCL_IB_HCA names a port: the device, with :port unless it is port 1."""
+    return choice.name if choice.port == 1 else choice.hca
+
+
+def nic_environment(placements: Sequence[Any]) -> dict[str, str]:
+    """What a job reads to send through its lease's NICs (empty when the lease has none):
+    NCCL_IB_HCA in NCCL's exact-match form (`=mlx5_0:1,mlx5_1:1`: a leading '=' matches
+    names exactly, so mlx5_1 does not also select mlx5_10), UCX_NET_DEVICES (`dev:port`
+    list), and TOPOD_GPU_NICS (`<gpu>:<nic>[,<nic>];...`, each entry as NCCL_IB_HCA names
+    it) for a launcher that gives each rank its own GPU's NIC."""
+    ports: list[str] = []
+    for placement in placements:
+        for choice in placement.nics:
+            if choice.hca not in ports:
+                ports.append(choice.hca)
+    if not ports:
+        return {}
+    return {
+        "NCCL_IB_HCA": "=" + ",".join(ports),
+        "UCX_NET_DEVICES": ",".join(ports),
+        "TOPOD_GPU_NICS": ";".join(f"{p.index}:{','.join(_item(c) for c in p.nics)}" for p in placements),
+    }

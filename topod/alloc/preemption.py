@@ -22,6 +22,7 @@ from typing import Protocol
 
 from topod.alloc.engine import allocate
 from topod.alloc.policy import PolicySettings
+from topod.alloc.nics import lease_nic_keys
 from topod.alloc.request import FreeState, Request
 from topod.distance import DistanceModel
 from topod.errors import AllocationError
@@ -72,8 +73,11 @@ def _fits(topology, distances, state: FreeState, request: Request, victims: Sequ
           policy: PolicySettings):
     freed_gpus = {g for lease in victims for g in lease.gpus}
     freed_cpus = {c for lease in victims for c in lease.cpus}
+    freed_nics = {key for lease in victims if getattr(lease, "decision", None) is not None
+                  for key in lease_nic_keys(lease.decision.placements)}
     trial = replace(state, busy_gpus=frozenset(state.busy_gpus - freed_gpus),
-                    busy_cpus=frozenset(state.busy_cpus - freed_cpus))
+                    busy_cpus=frozenset(state.busy_cpus - freed_cpus),
+                    busy_nics=frozenset(state.busy_nics - freed_nics))
     try:
         return allocate(topology, distances, trial, request, policy)
     except AllocationError:

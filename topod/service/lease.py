@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from topod.alloc.nics import NicChoice
 from topod.alloc.request import Decision, Performance, Placement
 
 
@@ -81,7 +82,8 @@ class Lease:
         if "placements" not in body:
             body = _upgrade_v1(body)
         placements = tuple(Placement(index=int(p["index"]), address=str(p["address"]), numa_node=p["numa_node"],
-                                     cpus=tuple(p["cpus"]), cpu_node=p.get("cpu_node"))
+                                     cpus=tuple(p["cpus"]), cpu_node=p.get("cpu_node"),
+                                     nics=tuple(NicChoice.from_json(n) for n in p.get("nics") or ()))
                            for p in body["placements"])
         raw = body["decision"]
         perf = raw.get("performance") or {}

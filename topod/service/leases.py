@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import structlog
 
 from topod.alloc.errors import InvalidRequestError
+from topod.alloc.nics import lease_nic_keys, nic_environment
 from topod.alloc.policy import PolicySettings, effective_priority
 from topod.alloc.request import PID_MAX_LIMIT, FreeState, RequestLimits, ServiceRequest
 from topod.api.peer import Caller
@@ -33,7 +34,7 @@ from topod.service.owner import OwnerWatch, process_start_time
 from topod.service.state import HostState
 
 log = structlog.get_logger("topod")
-WAITABLE_CODES = ("insufficient_gpus", "level_unreachable", "insufficient_cpus")
+WAITABLE_CODES = ("insufficient_gpus", "level_unreachable", "insufficient_cpus", "insufficient_nics")
 # Lease and waiter ids: unique, not secrets (who may end a lease is decided by the caller's
 # credentials). Seeded once from the kernel: a getrandom() per lease released the GIL
 # mid-request and cost up to 50 µs under load.
@@ -143,12 +144,23 @@ class LeaseService:
     def leased_cpus(self) -> set[int]:
         return self.store.leased_cpus()
 
+    def leased_nics(self) -> dict[str, int]:
+        """NIC port key (address/port) -> leases carrying it (topod.alloc.nics)."""
+        use: dict[str, int] = {}
+        for lease in self.store.all():
+            for key in lease_nic_keys(lease.decision.placements):
+                use[key] = use.get(key, 0) + 1
+        return use
+
     def free_state(self) -> FreeState:
+        use = self.leased_nics()
         return FreeState(
             busy_gpus=frozenset(self.leased_gpus()),
             busy_cpus=frozenset(self.leased_cpus()),
             reserved_cpus=frozenset(self.reserved_cpus),
             node_load=dict(self.state.node_load),
+            busy_nics=frozenset(use),
+            nic_use=use,
         )
 
     # -- allocation -----------------------------------------------------------
@@ -234,6 +246,7 @@ class LeaseService:
         if any(node is not None for node in gpu_memory.values()):
             env["TOPOD_GPU_MEMORY_NODES"] = ";".join(f"{index}:{'' if node is None else node}"
                                                      for index, node in gpu_memory.items())
+        env.update(nic_environment(placements))
         if self.files is not None:
             env.update(self.files.lease_environment(lease))
         return env
@@ -411,7 +424,7 @@ class LeaseService:
         from topod.alloc.preemption import plan_preemption
 
         victims = plan_preemption(self.topology, self.distances, self.free_state(), waiter.request,
-                                  [lease for lease in self.store.all() if lease.state == "active"])
+                                  [lease for lease in self.store.all() if lease.state == "active"], self.policy)
         if not victims:
             return
         deadline = self.clock() + float(self.settings.get("preemption_grace_seconds", 300.0))
