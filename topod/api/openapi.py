@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from topod import __version__
+from topod.alloc.nics import MAX_NICS_PER_GPU
 from topod.alloc.request import (
     LEVELS, MAX_CPUS_PER_GPU, MAX_GPUS, MAX_JOB_LENGTH, MAX_MEMORY_MIB, MAX_MODEL_LENGTH, MAX_PRIORITY,
     MIN_PRIORITY, RequestLimits,
@@ -49,7 +50,7 @@ ERROR = {
                    "invalid_telemetry (400); permission_denied (403); lease_not_found, not_found (404); "
                    "method_not_allowed (405, with an Allow header); request_timeout (408: a body that "
                    "stalled for [api] idle_timeout_seconds); insufficient_gpus, insufficient_cpus, "
-                   "level_unreachable, gpu_already_leased, wait_timeout (409); payload_too_large (413); "
+                   "insufficient_nics, level_unreachable, gpu_already_leased, wait_timeout (409); payload_too_large (413); "
                    "unsupported_media_type (415: a Content-Type charset other than UTF-8); queue_full (429); "
                    "internal_error and other server faults (500, with request_id); unavailable, "
                    "too_many_connections (503).",
@@ -89,6 +90,10 @@ def _lease_request(limits: RequestLimits) -> dict:
             "preemptible": {"type": "boolean"},
             "gpu_memory_nodes": {"type": "boolean",
                                  "description": "also bind memory to each GPU's own memory NUMA node (Grace)"},
+            "nics_per_gpu": {"type": ["integer", "null"], "minimum": 0, "maximum": MAX_NICS_PER_GPU,
+                             "description": "RDMA NIC ports each GPU must get, nearest first (409 insufficient_nics "
+                                            "otherwise; 400 when [alloc] nics = \"none\"); null or left out: "
+                                            "the nearest one where there is one; 0: none"},
             "ttl_seconds": {"type": ["number", "null"], "exclusiveMinimum": 0,
                             "maximum": limits.max_ttl_seconds,
                             "description": "the lease ends this long after the grant (max: [alloc] "
@@ -139,6 +144,16 @@ PLACEMENT = {
         "cpus": INTS,
         "cpu_node": NULLABLE_INT,
         "memory_node": NULLABLE_INT,
+        "nics": {"type": "array", "description": "RDMA NIC ports this GPU sends through, nearest first ([alloc] nics; "
+                                                 "absent in leases stored before them)",
+                 "items": {"type": "object", "required": ["name", "address", "port", "level"],
+                           "additionalProperties": False,
+                           "properties": {"name": {"type": "string", "description": "RDMA device, e.g. mlx5_0"},
+                                          "address": {"type": "string", "description": "its PCI function"},
+                                          "port": {"type": "integer", "minimum": 1},
+                                          "level": {"type": "string",
+                                                    "enum": ["PIX", "PXB", "PHB", "NODE", "SYS"],
+                                                    "description": "distance from the GPU"}}}},
     },
 }
 
@@ -219,7 +234,7 @@ ERROR_DESCRIPTIONS = {
     403: "permission_denied",
     404: "lease_not_found",
     408: "request_timeout: the body stalled for [api] idle_timeout_seconds; the connection is closed",
-    409: "insufficient_gpus, insufficient_cpus, level_unreachable, gpu_already_leased, wait_timeout",
+    409: "insufficient_gpus, insufficient_cpus, insufficient_nics, level_unreachable, gpu_already_leased, wait_timeout",
     413: "payload_too_large: the body exceeds [api] max_body_bytes",
     415: "unsupported_media_type: a Content-Type charset other than UTF-8",
     429: "queue_full; too_many_streams (GET /v1/events beyond [api] max_event_streams_per_uid)",

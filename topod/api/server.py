@@ -37,6 +37,7 @@ STATUS_OF_CODE = {
     "method_not_allowed": 405,
     "insufficient_gpus": 409,
     "insufficient_cpus": 409,
+    "insufficient_nics": 409,
     "level_unreachable": 409,
     "gpu_already_leased": 409,
     "wait_timeout": 409,
