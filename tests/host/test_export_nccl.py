@@ -190,6 +190,25 @@ def test_a_lease_file_holds_only_its_gpus_and_local_nics(host_of):
     assert nic_nodes == {"1"} and len(list(root.iter("net"))) == 5  # 4 RDMA + 1 Ethernet on node 1
 
 
+def test_a_lease_with_nics_lists_exactly_its_nics_under_their_switches(host_of):
+    from topod.alloc.engine import allocate
+    from topod.alloc.request import FreeState, Request
+    from topod.distance import DistanceModel
+
+    _, topology = host_of("h800-8gpu")
+    decision = allocate(topology, DistanceModel(topology), FreeState(busy_gpus=frozenset({0, 1})), Request(gpus=2))
+    nics = sorted({nic.address for p in decision.placements for nic in p.nics})
+    names = sorted({nic.name for p in decision.placements for nic in p.nics})
+    assert len(nics) == 2
+    root, _ = export(host_of, "h800-8gpu", gpus=list(decision.gpus), nics=nics)
+    nets = list(root.iter("net"))
+    assert sorted(net.get("name") for net in nets) == names  # not the host's other six, nor its Ethernet NIC
+    parents = _parents(root)
+    for net in nets:
+        switch = parents[parents[parents[net]]]  # <net> in <nic> in the NIC's <pci>, in the switch's <pci>
+        assert switch.tag == "pci" and switch.find("pci/gpu") is not None  # beside the GPU's <pci>
+
+
 def test_a_lease_file_drops_nvlinks_to_gpus_outside_the_lease(host_of):
     _, topology = host_of("dgx1-cubemesh")
     root, _ = export(host_of, "dgx1-cubemesh", gpus=[0, 3])

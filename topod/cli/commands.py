@@ -225,6 +225,9 @@ def _request_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--must-include", type=_gpu_names, default=None, metavar="GPUS",
                    help="comma-separated GPU indices, PCI addresses or UUIDs")
     p.add_argument("--min-memory-mib", type=int, default=None, help="only GPUs with at least this memory")
+    p.add_argument("--nics-per-gpu", type=int, default=None, metavar="N",
+                   help="RDMA NIC ports each GPU must get, nearest first (default: the nearest one where there "
+                        "is one; 0: none)")
     p.add_argument("--model", default=None, help="GPU model substring")
     p.add_argument("--preemptible", action="store_true", help="a higher-priority request may preempt this lease")
     p.add_argument("--ttl", type=_seconds, default=None, metavar="SECONDS", help="lease ends after this many seconds")

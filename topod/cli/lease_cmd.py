@@ -29,7 +29,7 @@ def _request_body(args) -> dict:
     body: dict = {}
     for key, value in (("level", args.level), ("priority", args.priority), ("cpus_per_gpu", args.cpus_per_gpu),
                        ("min_memory_mib", args.min_memory_mib), ("model", args.model), ("job", args.job),
-                       ("ttl_seconds", args.ttl)):
+                       ("ttl_seconds", args.ttl), ("nics_per_gpu", getattr(args, "nics_per_gpu", None))):
         if value is not None:
             body[key] = value
     if args.must_include:
@@ -54,8 +54,9 @@ def _print_lease(lease: dict) -> None:
     if lease.get("missing_gpus"):
         print(f"  missing GPU(s): {','.join(map(str, lease['missing_gpus']))} (gone from this host)")
     for gpu in lease.get("placements", []):
+        nics = ",".join(f"{nic['name']}:{nic['port']} ({nic['level']})" for nic in gpu.get("nics") or ())
         print(f"  GPU{gpu.get('index')} {gpu.get('address')} node {gpu.get('numa_node')} "
-              f"cpus {format_cpulist(gpu.get('cpus', []))}")
+              f"cpus {format_cpulist(gpu.get('cpus', []))}" + (f"  nic {nics}" if nics else ""))
     env = lease.get("environment", {})
     if env:
         print("  " + " ".join(f"{k}={v}" for k, v in env.items()))

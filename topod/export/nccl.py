@@ -108,8 +108,10 @@ def build_nccl_xml(
     net_names: Mapping[str, str] | None = None,
     subsystem_ids: Mapping[str, tuple[int, int]] | None = None,
     gdr: bool | None = None,
+    nics: Iterable[str] | None = None,
 ) -> Element:
-    """The <system> tree: all GPUs and NICs, or (gpus=...) one lease's GPUs and local NICs.
+    """The <system> tree: all GPUs and NICs, or (gpus=...) one lease's GPUs and local NICs,
+    or (nics=PCI addresses) exactly the lease's NICs (topod.alloc.nics).
 
     net_names maps a NIC's PCI address to the name NCCL's transport reports (the RDMA
     device, e.g. mlx5_0, or the netdev for sockets); subsystem_ids maps an address to
@@ -117,7 +119,9 @@ def build_nccl_xml(
     """
     chosen = _chosen_gpus(topology, gpus)
     nodes = {gpu.numa_node for gpu in chosen}
-    nics = [d for d in topology.devices_of_kind(*NIC_KINDS) if gpus is None or d.numa_node in nodes]
+    wanted_nics = None if nics is None else set(nics)
+    nics = [d for d in topology.devices_of_kind(*NIC_KINDS)
+            if (d.address in wanted_nics if wanted_nics is not None else gpus is None or d.numa_node in nodes)]
     system = Element("system", [("version", XML_VERSION)])
     context = _Context(topology, chosen, net_names or {}, subsystem_ids or {}, gdr)
     cpu_elements: dict[int, Element] = {}
@@ -360,10 +364,11 @@ def read_nccl_host_facts(host: HostRoot, topology: Topology) -> NcclHostFacts:
 
 
 def host_nccl_xml(host: HostRoot, topology: Topology, *, gpus: Iterable[int] | None = None,
-                  cpus: Iterable[int] | None = None) -> str:
+                  cpus: Iterable[int] | None = None, nics: Iterable[str] | None = None) -> str:
     """The NCCL topology XML of a host (or of a subset of its GPUs and CPUs), with the
     facts only the host tree knows: what `topoctl export nccl` and the daemon write."""
     facts = read_nccl_host_facts(host, topology)
     system = build_nccl_xml(topology, gpus=gpus, cpus=cpus, cpu_identity=facts.cpu_identity,
-                            net_names=facts.net_names, subsystem_ids=facts.subsystem_ids, gdr=facts.gdr)
+                            net_names=facts.net_names, subsystem_ids=facts.subsystem_ids, gdr=facts.gdr,
+                            nics=nics)
     return render_nccl_xml(system)

@@ -76,7 +76,9 @@ class NcclFiles:
 
         path = lease.environment["NCCL_TOPO_FILE"]
         try:
-            text = host_nccl_xml(self.host, self._topology(), gpus=list(lease.gpus), cpus=list(lease.cpus) or None)
+            nics = sorted({nic.address for placement in lease.decision.placements for nic in placement.nics})
+            text = host_nccl_xml(self.host, self._topology(), gpus=list(lease.gpus), cpus=list(lease.cpus) or None,
+                                 nics=nics or None)  # a lease with NICs sees only its own
             _write_owned(Path(path), text.encode("ascii"), lease.owner_uid, lease.owner_gid)
         except (OSError, TopodError, ValueError) as exc:
             log.warning("nccl_topology_not_written", path=path, reason=str(exc))
