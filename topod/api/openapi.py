@@ -204,6 +204,9 @@ LEASE = {
             "have been written; after a crash in that window it ends at `expires` unless its holder renews it")},
         "decision": {"$ref": "#/components/schemas/Decision"},
         "environment": {"type": "object", "additionalProperties": {"type": "string"}},
+        "enforcement": {"type": "string", "enum": ["cgroup", "affinity", "none"], "description": (
+            "what holds the lease's CPUs: affinity (topoctl run and topoctl bind pin the job; it may undo it) "
+            "or none (no CPUs, or a root that is not this host); /v1/health's enforcement says why")},
     },
 }
 

@@ -91,6 +91,10 @@ class Daemon:
         self._own_connection: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
         self._gpu_addresses = {gpu.address for gpu in self.state.topology.gpus}
         self.container = detect_container(self.host)
+        from topod.enforce import host_enforcement
+
+        self.enforcement = host_enforcement(self.host)
+        self.alloc.host_enforcement = self.enforcement.mode
         self._load = NodeLoadSampler(self.host)
         self._tasks: asyncio.TaskGroup | None = None
         self._loops: dict[str, asyncio.Task] = {}
@@ -230,6 +234,7 @@ class Daemon:
                        self._irq_starting() if self._setting_up("irq") else {"mode": "off"}),
                     "withheld": self.irq_withheld},
             "container": self.container,
+            "enforcement": self.enforcement.to_json(),
             "loops": self.supervisor.report(now),
             "commits": {"transactions": self.store.commits, "changes": self.store.changes},
         }
@@ -352,7 +357,8 @@ class Daemon:
             metrics_runner = await serve_metrics_tcp(self, self.config.get("export", "metrics_tcp"))
         log.info("daemon_started", version=__version__, root=str(self.host.root), leases=len(self.alloc.leases()),
                  reclaimed=reclaimed, gpus=len(self.state.topology.gpus), warnings=len(self.state.topology.warnings))
-        log.info("host_access", summary=self.access_summary())
+        log.info("host_access", summary=self.access_summary(), enforcement=self.enforcement.mode,
+                 enforcement_reason=self.enforcement.reason)
         self.alloc.warm_up()
         freeze_long_lived("start")
         try:

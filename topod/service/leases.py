@@ -26,6 +26,7 @@ from topod.alloc.policy import PolicySettings, effective_priority
 from topod.alloc.request import PID_MAX_LIMIT, FreeState, RequestLimits, ServiceRequest
 from topod.api.peer import Caller
 from topod.cpulist import format_cpulist
+from topod.enforce import lease_mode
 from topod.errors import AllocationError, TopodError
 from topod.events import EventBus
 from topod.service.lease import Lease
@@ -109,6 +110,9 @@ class LeaseService:
         # Files a lease comes with (the daemon's NCCL topology): named in its environment,
         # written in a worker thread before the answer, removed when it ends.
         self.files: LeaseFiles | None = None
+        # What the host can enforce (topod.enforce), set by the daemon at start; a lease
+        # records what it gets, never more than topod carries out.
+        self.host_enforcement = "none"
         self.configure(settings, reserved_cpus)
         state.add_listener(self._state_changed)
 
@@ -208,6 +212,7 @@ class LeaseService:
             # Neither a ttl nor an owner would ever end it: it counts as delivered only once
             # the answer is written (answered()); see recover() for a crash before that.
             confirmed=bool(service.ttl_seconds or owner_pid),
+            enforcement=lease_mode(self.host_enforcement, bool(decision.cpus) and any(decision.cpus.values())),
         )
         lease = replace(lease, environment=self.environment(lease))
         commit = self.store.add(lease)
