@@ -446,29 +446,42 @@ class LeaseService:
             raise LeaseNotFoundError(f"no lease {lease_id!r}")
         return lease
 
-    async def release(self, lease_id: str, caller: Caller) -> Lease:
-        lease = self.get(lease_id)
+    def _owned(self, request: str, lease_id: str, caller: Caller) -> Lease:
+        """The lease `caller` may release or renew; a refusal (404, 403) is logged."""
+        try:
+            lease = self.get(lease_id)
+        except LeaseNotFoundError as exc:
+            raise self._refuse_change(request, "not_found", exc, caller, lease_id) from None
         if not (caller.is_admin or caller.uid == lease.owner_uid):
-            raise PermissionDeniedError(f"lease {lease_id} belongs to uid {lease.owner_uid}")
+            raise self._refuse_change(request, "denied", PermissionDeniedError(
+                f"lease {lease_id} belongs to uid {lease.owner_uid}"), caller, lease_id)
+        return lease
+
+    async def release(self, lease_id: str, caller: Caller) -> Lease:
+        lease = self._owned("release", lease_id, caller)
         return await self._committed(self._end(lease, "lease_released", reason="released"))
 
     async def revoke(self, lease_id: str, caller: Caller, reason: str = "revoked by admin") -> Lease:
         if not caller.is_admin:
-            raise PermissionDeniedError("revoking a lease is root-only")
-        return await self._committed(self._end(self.get(lease_id), "lease_revoked", reason=reason))
+            raise self._refuse_change("revoke", "denied", PermissionDeniedError("revoking a lease is root-only"),
+                                      caller, lease_id)
+        try:
+            lease = self.get(lease_id)
+        except LeaseNotFoundError as exc:
+            raise self._refuse_change("revoke", "not_found", exc, caller, lease_id) from None
+        return await self._committed(self._end(lease, "lease_revoked", reason=reason))
 
     async def renew(self, lease_id: str, caller: Caller, ttl_seconds: float | None) -> Lease:
         """ttl_seconds: validated by the API (finite, > 0, within the cap); None renews with
         the lease's own ttl."""
-        lease = self.get(lease_id)
-        if not (caller.is_admin or caller.uid == lease.owner_uid):
-            raise PermissionDeniedError(f"lease {lease_id} belongs to uid {lease.owner_uid}")
+        lease = self._owned("renew", lease_id, caller)
         ttl = lease.ttl_seconds if ttl_seconds is None else ttl_seconds
         if ttl is None and not lease.confirmed:
             # A lease brought back unconfirmed after a crash: its holder says it has it.
             renewed = replace(lease, expires=None, confirmed=True)
         elif ttl is None:
-            raise InvalidRequestError("ttl_seconds", "this lease has no ttl; give one to renew")
+            raise self._refuse_change("renew", "invalid", InvalidRequestError(
+                "ttl_seconds", "this lease has no ttl; give one to renew"), caller, lease_id)
         else:
             ttl = min(float(ttl), self.limits.max_ttl_seconds)
             renewed = replace(lease, expires=self.clock() + ttl, ttl_seconds=ttl, confirmed=True)
@@ -607,6 +620,14 @@ class LeaseService:
         self._count(result, code)
         self.bus.publish("request_rejected", result=result, code=code, reason=str(error)[:300], uid=caller.uid,
                          pid=caller.pid, **fields)
+        return error
+
+    def _refuse_change(self, request: str, result: str, error: TopodError, caller: Caller,
+                       lease_id: str) -> TopodError:
+        """A refused release/renew/revoke: `request_rejected` in the journal as a refused
+        allocation is (not counted among allocation requests); returns the error."""
+        self.bus.publish("request_rejected", request=request, result=result, code=getattr(error, "code", "error"),
+                         reason=str(error)[:300], uid=caller.uid, pid=caller.pid, lease=lease_id[:100])
         return error
 
     def _count(self, result: str, reason: str = "") -> None:
