@@ -18,6 +18,7 @@ def full_snapshot() -> dict:
     return {
         "build": {"version": "0.1.0", "python": "3.11"},
         "gpus_by_state": {"free": 6, "leased": 2},
+        "nics_by_state": {"free": 5, "leased": 2, "down": 1},
         "leases": [{"id": "l-1", "gpus": 2, "satisfaction": 1.0}, {"id": "l-2", "gpus": 1}],
         "decision_latency": latency.to_snapshot(),
         "requests": [{"result": "granted", "reason": "", "count": 9},
@@ -43,6 +44,9 @@ def test_every_section_becomes_its_metrics():
     values = samples(render_metrics(full_snapshot()))
     assert values['topod_build_info{python="3.11",version="0.1.0"}'] == 1
     assert values['topod_gpus{state="leased"}'] == 2
+    assert values['topod_nics{state="free"}'] == 5
+    assert values['topod_nics{state="leased"}'] == 2
+    assert values['topod_nics{state="down"}'] == 1
     assert values["topod_leases_active"] == 2
     assert values['topod_lease_topology_satisfaction_ratio{lease="l-1"}'] == 1.0
     assert 'topod_lease_topology_satisfaction_ratio{lease="l-2"}' not in values
@@ -131,6 +135,7 @@ def test_renders_are_independent_no_global_registry():
     ({"gpu_states": {}}, "unknown sections"),
     ({"irq_moves": "many"}, "irq_moves must be a number"),
     ({"gpus_by_state": {"free": True}}, "gpus_by_state.free"),
+    ({"nics_by_state": {"down": "1"}}, "nics_by_state.down"),
     ({"leases": [{"id": "l-1", "gpus": 1, "satisfaction": 1.5}]}, "outside 0..1"),
     ({"decision_latency": {"buckets": {0.1: 2}, "sum": 0.1, "count": 3}}, "count 3 != bucket total 2"),
     ({"requests": [{"result": "rejected", "reason": "no GPU free on node 0", "count": 1}]}, "snake_case code"),

@@ -9,6 +9,7 @@ The snapshot's keys:
     {
       "build": {"version": "0.1.0"},                        # topod_build_info
       "gpus_by_state": {"free": 6, "leased": 2},            # topod_gpus{state}
+      "nics_by_state": {"free": 5, "leased": 2, "down": 1}, # topod_nics{state}: RDMA NIC ports
       "leases": [{"id": "l-1", "gpus": 2, "satisfaction": 1.0}],
       "decision_latency": {"buckets": {1e-05: 0, 0.0001: 3, 0.001: 9}, "sum": 0.004, "count": 12},
       "requests": [                                          # topod_allocation_requests_total{result,reason}
@@ -141,6 +142,17 @@ def _gpus(value: Mapping[str, object]) -> Iterator[object]:
     family = GaugeMetricFamily(PREFIX + "gpus", "GPUs by state", labels=["state"])
     for state, count in sorted(value.items()):
         family.add_metric([str(state)], _number(f"gpus_by_state.{state}", count))
+    yield family
+
+
+def _nics(value: Mapping[str, object]) -> Iterator[object]:
+    """topod_nics{state}: RDMA NIC ports free, carried by a lease, or down (not ACTIVE:
+    never offered). Left out on a host without RDMA devices."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    family = GaugeMetricFamily(PREFIX + "nics", "RDMA NIC ports by state (free, leased, down)", labels=["state"])
+    for state, count in sorted(value.items()):
+        family.add_metric([str(state)], _number(f"nics_by_state.{state}", count))
     yield family
 
 
@@ -284,6 +296,7 @@ def _probe(value: Mapping[str, object]) -> Iterator[object]:
 _SECTIONS = {
     "build": _build,
     "gpus_by_state": _gpus,
+    "nics_by_state": _nics,
     "leases": _leases,
     "decision_latency": _latency,
     "requests": _requests,  # or one of _REQUEST_FORMS: see _SnapshotCollector

@@ -20,6 +20,10 @@ def metrics_snapshot(daemon) -> dict:
         "requests": [{"result": result, "reason": reason, "count": count}
                      for (result, reason), count in sorted(alloc.outcomes.items())],
     }
+    if daemon.topology.devices_of_kind("rdma"):
+        from topod.alloc.nics import nic_ports_by_state
+
+        snapshot["nics_by_state"] = nic_ports_by_state(daemon.topology, alloc.leased_nics())
     from topod.discover.fabric import nvlink_domain
 
     domain = nvlink_domain(daemon.topology.gpus)
