@@ -278,6 +278,15 @@ def _run(p: argparse.ArgumentParser) -> None:
     _handler(p, "topod.cli.lease_cmd:run_run")
 
 
+def _bind(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rank", type=_count, default=None, help="local rank (default: $LOCAL_RANK, "
+                   "$OMPI_COMM_WORLD_LOCAL_RANK, $SLURM_LOCALID)")
+    p.add_argument("--gpu-memory", action="store_true", help="also bind memory to the GPU's own memory node")
+    p.add_argument("--verbose", "-v", action="store_true", help="say the binding on stderr")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
+    _handler(p, "topod.cli.bind_cmd:run_bind")
+
+
 def _completion(p: argparse.ArgumentParser) -> None:
     p.add_argument("shell", choices=("bash", "zsh", "fish"), help="the shell to write a completion script for")
     _handler(p, "topod.cli.completion:run_completion")
@@ -299,6 +308,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("reload", "reload the daemon's config file and wait for its verdict (root; the unit's ExecReload=): "
                       "1 when the file is refused", _reload),
     Command("run", "allocate, run a command pinned to the lease, release", _run),
+    Command("bind", "a rank's entry point in a lease: pin to its GPU's cores, bind memory, exec", _bind),
     Command("completion", "print a shell completion script (bash, zsh, fish)", _completion),
 )
 BY_NAME = {command.name: command for command in COMMANDS}
