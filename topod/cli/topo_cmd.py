@@ -63,11 +63,15 @@ def run_topo(args: argparse.Namespace) -> int:
 
 
 def run_snapshot(args: argparse.Namespace) -> int:
+    """Capture --root, else the root the daemon on --socket serves (GET /v1/health
+    "root"), else /; the root taken is said on stderr, as by every host-side command."""
+    from topod.cli.daemon_view import find
     from topod.host import HostRoot
     from topod.snapshot import write_snapshot
 
-    root = args.root or "/"
-    host = HostRoot(root)
+    view = find(args)
+    view.announce(args.json)
+    host = HostRoot(view.root)
     name = os.path.basename(args.output)
     for suffix in (".tar.gz", ".tgz"):
         if name.endswith(suffix):
