@@ -254,7 +254,9 @@ def bind_local_rank(rank: int, environ: dict[str, str] | None = None) -> dict[st
 
     Reads what `topoctl run` (or a scheduler) put in the environment: TOPOD_GPU_CPUS
     ("gpu:cpulist;...") in the lease's GPU order and TOPOD_GPU_NODES. Rank r takes the
-    r-th GPU (modulo the lease size). Raises TopodError when the environment holds no lease.
+    r-th GPU (modulo the lease size); with TOPOD_GPU_NICS, NCCL_IB_HCA and UCX_NET_DEVICES
+    in the environment are narrowed to that GPU's own NICs. Raises TopodError when the
+    environment holds no lease.
     """
     from topod.cpulist import parse_cpulist
     from topod.membind import bind_memory
@@ -271,5 +273,10 @@ def bind_local_rank(rank: int, environ: dict[str, str] | None = None) -> dict[st
     os.sched_setaffinity(0, cpus)
     node = node_of.get(gpu)
     bound = bind_memory([int(node)]) if node not in (None, "") else False
+    # The rank sends through its own GPU's NICs (set before NCCL or UCX initialise).
+    from topod.alloc.nics import rank_nic_environment
+
+    nics = rank_nic_environment(env.get("TOPOD_GPU_NICS", ""), gpu)
+    env.update(nics)
     return {"rank": rank, "gpu": int(gpu), "cpus": cpus, "memory_node": int(node) if node else None,
-            "memory_bound": bound}
+            "memory_bound": bound, "nics": nics.get("UCX_NET_DEVICES", "")}

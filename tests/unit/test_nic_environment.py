@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from topod.alloc.nics import NicChoice, nic_environment
+from topod.alloc.nics import NicChoice, nic_environment, rank_nic_environment
 from topod.alloc.request import Decision, Performance, Placement
 from topod.service.lease import Lease
 
@@ -93,3 +93,13 @@ def test_a_lease_row_from_before_nics_still_loads_with_none(strip):
         else:
             placement["nics"] = None
     assert Lease.from_json(body).decision.placements[0].nics == ()
+
+
+def test_a_rank_is_narrowed_to_its_own_gpus_nics():
+    spec = nic_environment([_placement(4, NIC0), _placement(5, NIC1, NIC10)])["TOPOD_GPU_NICS"]
+    own = rank_nic_environment(spec, "5")
+    assert parse_nccl_ib_hca(own["NCCL_IB_HCA"]) == (True, [("mlx5_1", 1), ("mlx5_10", 2)])
+    assert parse_ucx_net_devices(own["UCX_NET_DEVICES"]) == [("mlx5_1", 1), ("mlx5_10", 2)]
+    assert rank_nic_environment(spec, "4") == {"NCCL_IB_HCA": "=mlx5_0:1", "UCX_NET_DEVICES": "mlx5_0:1"}
+    assert rank_nic_environment(spec, "6") == {}  # a GPU not in the lease: the lease-wide values stay
+    assert rank_nic_environment("", "0") == {}

@@ -277,3 +277,14 @@ def nic_environment(placements: Sequence[Any]) -> dict[str, str]:
         "UCX_NET_DEVICES": ",".join(ports),
         "TOPOD_GPU_NICS": ";".join(f"{p.index}:{','.join(_item(c) for c in p.nics)}" for p in placements),
     }
+
+
+def rank_nic_environment(gpu_nics: str, gpu: str) -> dict[str, str]:
+    """NCCL_IB_HCA and UCX_NET_DEVICES narrowed to one GPU's own NICs, from a lease's
+    TOPOD_GPU_NICS (`0:mlx5_0;1:mlx5_1,mlx5_10:2`); empty when that GPU has none listed."""
+    entries = dict(item.split(":", 1) for item in gpu_nics.split(";") if ":" in item)
+    items = [item for item in entries.get(gpu, "").split(",") if item]
+    if not items:
+        return {}
+    ports = [item if ":" in item else f"{item}:1" for item in items]
+    return {"NCCL_IB_HCA": "=" + ",".join(ports), "UCX_NET_DEVICES": ",".join(ports)}
