@@ -1,10 +1,12 @@
 """Allocation engine figures, one line each, baselines measured in the same run.
 
-  python bench/alloc.py [--quick]
+  python bench/alloc.py [--quick] [--latency-only]
 
-1. decision latency p50/p99 on 8-, 16-, 32- and 64-GPU hosts over a seeded
-   allocate/release stream (sizes 1,2,4,8 mostly, some 16), level 'any'
-   (goal p99: 0.2 / 1 / 2 / 5 ms);
+1. warm decision latency p50/p99 on 8-, 16-, 32- and 64-GPU hosts over a seeded
+   allocate/release stream (sizes 1,2,4,8 mostly, some 16; leases hold GPUs and CPUs),
+   at the default level with auto cores (goal p99: 0.2 / 1 / 2 / 5 ms), beside level
+   'any' without cores; then the first decision of each size after prepare() (what the
+   daemon runs when the topology changes) beside the warm median;
 2. optimality: chosen cost / exhaustive minimum for every size on every 8-GPU fixture
    and two 16-GPU synthetic hosts, empty and with busy GPUs (goal 1.000);
 3. speed at 16 GPUs against go-gpuallocator's best-effort policy (bench/gpuallocator_baseline.py,
@@ -19,6 +21,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import sys
@@ -32,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpuallocator_baseline import BestEffort, Deadline, first_fit, partition_count  # noqa: E402
 
-from topod.alloc.engine import allocate, assess  # noqa: E402
+from topod.alloc.engine import allocate, assess, prepare  # noqa: E402
 from topod.alloc.errors import AllocationError  # noqa: E402
 from topod.alloc.request import FreeState, Request  # noqa: E402
 from topod.hostspec.synthetic import build_synthetic  # noqa: E402
@@ -44,6 +47,8 @@ from topod.hostspec import build_host, load_builtin_spec  # noqa: E402
 FIXTURES = ("h800-8gpu", "pcie-8gpu", "nps4-8gpu", "dgx1-cubemesh")
 SIZE_MIX = ((1, 30), (2, 30), (4, 20), (8, 15), (16, 5))
 TRACE_MIX = ((1, 35), (2, 30), (4, 20), (8, 10), (3, 5))
+LATENCY_HOSTS = ("h800-8gpu", "pcie-8gpu", "dgx1-cubemesh", "pcie-16gpu", "nvs-16gpu", "nvs-32gpu", "nvs-64gpu",
+                 "pcie-64gpu")
 
 
 def line(name: str, value: str) -> None:
@@ -63,32 +68,65 @@ def _pick(rng: random.Random, mix) -> int:
     return rng.choices([k for k, _ in mix], [w for _, w in mix])[0]
 
 
-def latency(name: str, steps: int) -> tuple[float, float, int]:
-    topology, distances = load(name)
+def latency(name: str, steps: int, level: str = "any", cpus: int | str = 0, loaded=None) -> tuple[float, float, int]:
+    """Warm decisions (references prepared, as the daemon does at start) over a seeded
+    allocate/release stream; leases hold their GPUs and CPUs. -> p50, p99 (ms), count."""
+    topology, distances = loaded or load(name)
     n = len(topology.gpus)
-    for k in (1, 2, 4, 8, 16):  # the per-size reference sets are cached per host, like the daemon's
-        if k <= n:
-            allocate(topology, distances, FreeState(), Request(gpus=k, level="any"))
+    prepare(topology, distances)
     rng = random.Random(11)
     busy: set[int] = set()
-    leases: list[tuple[int, ...]] = []
+    busy_cpus: set[int] = set()
+    leases: list[tuple[tuple[int, ...], set[int]]] = []
     times = []
     for _ in range(steps):
         if leases and (rng.random() < 0.45 or len(busy) > 0.8 * n):
-            busy -= set(leases.pop(rng.randrange(len(leases))))
+            gpus, held = leases.pop(rng.randrange(len(leases)))
+            busy -= set(gpus)
+            busy_cpus -= held
             continue
         k = min(_pick(rng, SIZE_MIX), n)
+        state = FreeState(busy_gpus=frozenset(busy), busy_cpus=frozenset(busy_cpus))
         started = time.perf_counter()
         try:
-            decision = allocate(topology, distances, FreeState(busy_gpus=frozenset(busy)), Request(gpus=k, level="any"))
+            decision = allocate(topology, distances, state, Request(gpus=k, level=level, cpus_per_gpu=cpus))
         except AllocationError:
             decision = None
         times.append(time.perf_counter() - started)
         if decision is not None:
+            held = {c for group in decision.cpus.values() for c in group}
             busy |= set(decision.gpus)
-            leases.append(decision.gpus)
+            busy_cpus |= held
+            leases.append((decision.gpus, held))
     times.sort()
     return times[len(times) // 2] * 1e3, times[min(len(times) - 1, int(len(times) * 0.99))] * 1e3, len(times)
+
+
+def first_decisions(name: str, loaded=None) -> str:
+    """A fresh distance model (as after a topology change): prepare()'s time, then the
+    first decision of each size (default level, auto cores) beside the warm median."""
+    topology, _ = loaded or load(name)
+    distances = DistanceModel(topology)
+    n = len(topology.gpus)
+    started = time.perf_counter()
+    prepare(topology, distances)
+    prepared = time.perf_counter() - started
+    parts, worst = [], 0.0
+    for k in (k for k in (1, 2, 3, 4, 8, 16, 32, 64) if k <= n):
+        request = Request(gpus=k, cpus_per_gpu="auto")
+        started = time.perf_counter()
+        allocate(topology, distances, FreeState(), request)
+        first = time.perf_counter() - started
+        warm = []
+        for _ in range(15):
+            started = time.perf_counter()
+            allocate(topology, distances, FreeState(), request)
+            warm.append(time.perf_counter() - started)
+        ratio = first / statistics.median(warm)
+        worst = max(worst, ratio)
+        parts.append(f"{k}: {first * 1e3:.2f}/{statistics.median(warm) * 1e3:.2f}")
+    return (f"prepare {prepared * 1e3:.1f} ms; first/warm ms per size {', '.join(parts)}; "
+            f"worst first/warm {worst:.2f}x")
 
 
 def exhaustive_minima(weight: list[list[float]], pool: list[int]) -> dict[int, float]:
@@ -159,6 +197,8 @@ def speed_vs_best_effort(name: str, budget_s: float) -> list[str]:
 @dataclass
 class TraceScore:
     at_best: float  # multi-GPU grants whose cost equals the host's exhaustive minimum for the size
+    at_search_best: float  # ... and that cross no more NUMA node pairs than the cheapest sets must
+    best_per_request: float  # multi-GPU requests that got such a set, of all multi-GPU requests
     assessed_best: float  # the same judged by topod's own assess() (levels), for comparison
     satisfaction: float
     granted: float
@@ -166,29 +206,62 @@ class TraceScore:
     largest_block: float  # mean over steps of the largest free set inside one NUMA node
 
 
-def trace(name: str, events: int, seed: int = 2024, loaded=None) -> dict[str, TraceScore]:
+def search_minima(weight, node_of, pool: list[int]) -> dict[int, tuple[float, int]]:
+    """Per size, the least (cost, pairs crossing NUMA nodes) over every subset of pool: the
+    search's own order (cost first, fewer crossings among equals), computed here apart
+    from the engine."""
+    best: dict[int, tuple[float, int]] = {}
+    chosen: list[int] = []
+
+    def visit(start: int, cost: float, crossings: int) -> None:
+        size = len(chosen)
+        if size:
+            old = best.get(size)
+            if old is None or cost < old[0] - 1e-9 or (abs(cost - old[0]) <= 1e-9 and crossings < old[1]):
+                best[size] = (cost, crossings)
+        for i in range(start, len(pool)):
+            g = pool[i]
+            extra = sum(weight[g][c] for c in chosen)
+            cross = sum(node_of[g] != node_of[c] for c in chosen)
+            chosen.append(g)
+            visit(i + 1, cost + extra, crossings + cross)
+            chosen.pop()
+
+    visit(0, 0.0, 0)
+    return best
+
+
+def trace(name: str, events: int, seed: int = 2024, loaded=None, refusing: bool = False) -> dict[str, TraceScore]:
     """Replay one random job trace per allocator. Each multi-GPU grant is scored against
     the exhaustive minimum cost for its size on the empty host, computed here from the
-    pairwise weights and independent of the engine; fragmentation is the largest free
-    one-node block over time, and requests refused while enough GPUs were free."""
+    pairwise weights and independent of the engine, and against the search's own order
+    (that cost, then the fewest pairs crossing NUMA nodes); fragmentation is the largest
+    free one-node block over time, and requests refused while enough GPUs were free.
+    With refusing, also topod at level 'best', which refuses any set that is not the
+    host's best (by the search's order) and so trades grants for their quality."""
     topology, distances = loaded or load(name)
     indices = [g.index for g in topology.gpus]
     node_of = {g.index: g.numa_node for g in topology.gpus}
     weight = {a: {b: distances.gpus(a, b).weight for b in indices} for a in indices}
     minima = exhaustive_minima(weight, indices)
+    ordered = search_minima(weight, node_of, indices)
     best_effort = BestEffort(topology)
-    allocators = {
-        "topod": lambda free, k: list(allocate(topology, distances, FreeState(busy_gpus=frozenset(set(indices) - set(free))),
-                                               Request(gpus=k, level="any")).gpus),
-        "first-fit": lambda free, k: first_fit(free, k),
-        "best-effort": lambda free, k: best_effort.allocate(free, [], k),
-    }
+
+    def topod(level: str):
+        return lambda free, k: list(allocate(topology, distances,
+                                             FreeState(busy_gpus=frozenset(set(indices) - set(free))),
+                                             Request(gpus=k, level=level)).gpus)
+
+    allocators = {"topod": topod("any"), "first-fit": lambda free, k: first_fit(free, k),
+                  "best-effort": lambda free, k: best_effort.allocate(free, [], k)}
+    if refusing:
+        allocators["topod-best"] = topod("best")
     results = {}
     for label, choose in allocators.items():
         rng = random.Random(seed)
         running: list[tuple[int, list[int]]] = []
         free = list(indices)
-        granted = asked = best = assessed = refused_with_room = 0
+        granted = asked = best = searched = multi_asked = assessed = refused_with_room = 0
         satisfaction, blocks = [], []
         for step in range(events):
             for end, gpus in [r for r in running if r[0] <= step]:
@@ -201,6 +274,7 @@ def trace(name: str, events: int, seed: int = 2024, loaded=None) -> dict[str, Tr
             k = _pick(rng, TRACE_MIX)
             duration = int(rng.expovariate(1 / 6.0)) + 1
             asked += 1
+            multi_asked += k > 1
             if len(free) < k:
                 continue
             try:
@@ -217,11 +291,15 @@ def trace(name: str, events: int, seed: int = 2024, loaded=None) -> dict[str, Tr
             if k > 1:
                 cost = sum(weight[a][b] for i, a in enumerate(gpus) for b in gpus[i + 1:])
                 best += cost <= minima[k] + 1e-9
+                crossings = sum(node_of[a] != node_of[b] for i, a in enumerate(gpus) for b in gpus[i + 1:])
+                searched += cost <= ordered[k][0] + 1e-9 and crossings <= ordered[k][1]
                 verdict = assess(topology, distances, gpus)
                 assessed += verdict.level == "best"
                 satisfaction.append(verdict.satisfaction)
         multi = len(satisfaction)
-        results[label] = TraceScore(best / multi if multi else 0.0, assessed / multi if multi else 0.0,
+        results[label] = TraceScore(best / multi if multi else 0.0, searched / multi if multi else 0.0,
+                                    searched / multi_asked if multi_asked else 0.0,
+                                    assessed / multi if multi else 0.0,
                                     statistics.fmean(satisfaction) if multi else 1.0, granted / asked,
                                     refused_with_room, statistics.fmean(blocks) if blocks else 0.0)
     return results
@@ -243,13 +321,24 @@ def seed_spread(name: str, events: int, seeds: range) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps (a smoke run)")
+    parser.add_argument("--latency-only", action="store_true", help="decision latency and first decisions only")
     args = parser.parse_args()
     steps = 400 if args.quick else 2000
     started = time.perf_counter()
     goals = {8: 0.2, 16: 1.0, 32: 2.0, 64: 5.0}
-    for name, n in (("h800-8gpu", 8), ("nvs-16gpu", 16), ("nvs-32gpu", 32), ("nvs-64gpu", 64), ("pcie-64gpu", 64)):
-        p50, p99, count = latency(name, steps)
-        line(f"latency {name}", f"p50 {p50:.3f} ms, p99 {p99:.3f} ms over {count} decisions (goal p99 {goals[n]} ms)")
+    line("load average", " ".join(f"{x:.2f}" for x in os.getloadavg()))
+    for name in LATENCY_HOSTS:
+        loaded = load(name)
+        n = len(loaded[0].gpus)
+        p50, p99, count = latency(name, steps, "good", "auto", loaded)
+        b50, b99, _ = latency(name, steps, "any", 0, loaded)
+        line(f"latency {name} ({n} GPUs)", f"default level, auto cores: p50 {p50:.3f} ms, p99 {p99:.3f} ms over "
+             f"{count} decisions (goal p99 {goals[n]} ms: {'met' if p99 <= goals[n] else 'MISSED'}); level any, "
+             f"no cores: p50 {b50:.3f} ms, p99 {b99:.3f} ms")
+        line(f"first decision {name}", first_decisions(name, loaded))
+    line("load average", " ".join(f"{x:.2f}" for x in os.getloadavg()))
+    if args.latency_only:
+        return 0
     worst, mean, exact, cases = optimality((*FIXTURES, "pcie-16gpu", "nvs-16gpu"))
     line("optimality ratio (chosen / exhaustive min)",
          f"max {worst:.6f}, mean {mean:.6f} over {cases} cases (8- and 16-GPU hosts, every size, empty and 1/4 busy); "
@@ -259,7 +348,8 @@ def main() -> int:
     for name in FIXTURES:
         for label, score in trace(name, 300 if args.quick else 1500).items():
             line(f"trace {name} {label}",
-                 f"multi-GPU grants at the exhaustive minimum {score.at_best:.1%} (topod's assess: "
+                 f"multi-GPU grants at the exhaustive minimum {score.at_best:.1%} (and fewest node crossings: "
+                 f"{score.at_search_best:.1%}; topod's assess: "
                  f"{score.assessed_best:.1%}), mean satisfaction {score.satisfaction:.3f}, requests granted "
                  f"{score.granted:.1%}, refused with enough GPUs free {score.refused_with_room}, "
                  f"mean largest free one-node block {score.largest_block:.2f}")

@@ -215,3 +215,22 @@ def test_auto_takes_the_nearest_nodes_cores_for_a_gpu_whose_node_has_none(h800):
     assert decision.gpus == (0,) and decision.cpu_fallback
     assert {topology.cpu(c).numa_node for c in decision.cpus[0]} == {1} and len(decision.cpus[0]) == 2
     assert any(r.startswith("warning: cpus_per_gpu auto: node 0 has no usable") for r in decision.reasons)
+
+
+def test_auto_at_level_any_takes_the_best_gpus_not_a_worse_set_with_more_cores(host):
+    """auto's constraint is what the empty host's cores allow, so at level 'any' 8 GPUs on
+    a 64-GPU host are one node's (sharing its cores), not two half nodes at 55x the cost."""
+    topology, distances = host("nvs-64gpu")
+    decision = allocate(topology, distances, FreeState(), Request(gpus=8, level="any", cpus_per_gpu="auto"))
+    assert decision.level == "best" and decision.cost == pytest.approx(decision.best_cost)
+
+
+def test_prepare_computes_every_default_sizes_reference_before_the_first_decision(host):
+    from topod.alloc.engine import prepare
+
+    topology, distances = host("pcie-16gpu")
+    view = prepare(topology, distances)
+    for k in range(1, 17):
+        cost, members = view.cache[("ref", k, None, ())]
+        assert len(members) == k
+        assert allocate(topology, distances, FreeState(), Request(gpus=k, level="any")).best_cost == cost

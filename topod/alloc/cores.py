@@ -179,28 +179,42 @@ def _serves(cores: list[Core], wanted: int) -> int:
     return served
 
 
-def auto_capacity(topology: Topology, share: Mapping[int, int], excluded: set[int], reserved: set[int],
-                  gpus_on: Mapping[int, int], cmap: CoreMap | None = None) -> dict[int, int]:
-    """node -> how many GPUs of one set it can take under auto when degrading is allowed
-    (the search's CPU constraint once the fair share fits nowhere): the largest m such
-    that 1..m GPUs all get their auto_plan share from the node's free cores."""
+def auto_table(topology: Topology, share: Mapping[int, int], reserved: set[int], gpus_on: Mapping[int, int],
+               cmap: CoreMap | None = None) -> dict[int, tuple[list[int | None], int]]:
+    """node -> (auto_plan's CPUs per GPU for 1..all of its GPUs in one set, its usable
+    cores on the empty host): what auto_capacity checks against the free cores. Depends
+    on the host and the reserved CPUs only (the engine keeps it per view)."""
     empty = node_cores(topology, set(reserved), cmap)
+    return {node: ([auto_plan({node: m}, share, empty)[node] for m in range(1, total + 1)],
+                   len(empty[node].usable) if node in empty else 0)
+            for node, total in gpus_on.items()}
+
+
+def auto_capacity(topology: Topology, table: Mapping[int, tuple[list[int | None], int]], excluded: set[int],
+                  cmap: CoreMap | None = None) -> dict[int, int]:
+    """node -> how many GPUs of one set it can take under auto (the search's CPU
+    constraint): the largest m such that 1..m GPUs all get their auto_plan share from
+    the node's free cores (the fair share where the empty node holds it, else degraded;
+    a shared node needs all the cores it would share free)."""
     now = node_cores(topology, set(excluded), cmap)
     capacity: dict[int, int] = {}
-    for node, total in gpus_on.items():
+    for node, (plans, usable) in table.items():
         cores = now.get(node)
         free = [core for core in cores.all_cores if core in cores.usable] if cores else []
+        served: dict[int, int] = {}
         m = 0
-        while m < total:
-            wanted = auto_plan({node: m + 1}, share, empty)[node]
-            if wanted is None:
-                m = total  # no usable core here at all: the nearest node's, whatever the count
+        for wanted in plans:
+            if wanted is None:  # no usable core here at all: the nearest node's, whatever the count
+                m = len(plans)
                 break
-            if wanted == 0:  # shared: all the cores the empty node would share must be free
-                if len(free) < len(empty[node].usable):
+            if wanted == 0:
+                if len(free) < usable:
                     break
-            elif _serves(free, wanted) < m + 1:
-                break
+            else:
+                if wanted not in served:
+                    served[wanted] = _serves(free, wanted)
+                if served[wanted] < m + 1:
+                    break
             m += 1
         capacity[node] = m
     return capacity

@@ -50,8 +50,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import comb
 
-from topod.alloc.cores import (CoreMap, assign_auto, assign_cpus, auto_capacity, core_map, fair_share,
-                               node_capacity, wants_cpus)
+from topod.alloc.cores import (CoreMap, assign_auto, assign_cpus, auto_capacity, auto_table, core_map,
+                               fair_share, node_capacity, wants_cpus)
 from topod.alloc.errors import (InsufficientCpusError, InsufficientGpusError, InvalidRequestError,
                                 LevelUnreachableError, UnknownGpuError)
 from topod.alloc.estimate import weakest
@@ -63,7 +63,7 @@ from topod.alloc.search import SearchResult, build_problem, solve, solve_one, so
 from topod.distance import DistanceModel
 from topod.model import Topology
 
-__all__ = ["Assessment", "FreeState", "allocate", "assess", "set_cost"]
+__all__ = ["Assessment", "FreeState", "allocate", "assess", "prepare", "set_cost"]
 
 DELTA_FRAG = 1e-7
 DEFAULT_POLICY = PolicySettings()
@@ -109,15 +109,14 @@ def allocate(topology: Topology, distances: DistanceModel, state: FreeState, req
     auto = request.cpus_per_gpu == "auto"
     per_gpu = _auto_share(view, cmap, state) if auto else request.cpus_per_gpu
     node_cap = None
-    if wants_cpus(per_gpu):
+    if auto and per_gpu:
+        # auto gives fewer cores where the empty host cannot give full shares, so its
+        # constraint never forces a worse GPU set than the cores of the empty host allow.
+        node_cap = _auto_cap(view, cmap, state, per_gpu, excluded)
+    elif wants_cpus(per_gpu):
         capacity = node_capacity(topology, excluded, per_gpu, cmap)
         node_cap = {v: capacity.get(v, 0) for v in set(view.node)}
     result = _search(view, free, must, unary, node_cap, max_nodes, k, policy.search_budget, busy)
-    if auto and node_cap is not None and (result is None or (request.level == "best" and not _is_best(
-            view, result, limit, ref_cost, k))):
-        # No set of the level gets its full fair share: auto gives fewer cores instead.
-        node_cap = _degraded_cap(view, per_gpu, excluded, state, free, cmap)
-        result = _search(view, free, must, unary, node_cap, max_nodes, k, policy.search_budget, busy) or result
     if result is None:
         result = _without_cpu_limit(view, free, must, unary, node_cap, max_nodes, k, policy, request, limit, busy)
     result = _backpressure(view, free, must, unary, node_cap if node_cap and result_fits(view, result, node_cap)
@@ -165,6 +164,41 @@ def allocate(topology: Topology, distances: DistanceModel, state: FreeState, req
     )
 
 
+def prepare(topology: Topology, distances: DistanceModel, state: FreeState | None = None,
+            policy: PolicySettings = DEFAULT_POLICY, sizes: range | list[int] | None = None) -> HostView:
+    """What the first decision of each size would compute, computed now (the daemon calls
+    this when the topology changes): the host view, the census, core map, auto share and
+    per size the good-node limit, the reference set (best cost) and the level floors, all
+    for unfiltered requests. A first decision then costs what a warm one does. Sizes by
+    default: 1-16 and every power of two up to the host's GPUs, and all of them (on 64
+    GPUs the other sizes' references take ~1 s together, 30-60 ms each for 36-44 GPUs;
+    the first request of such a size computes its own)."""
+    view = host_view(topology, distances)
+    if view.n == 0:
+        return view
+    state = state or FreeState()
+    best_set_census(view)
+    _group_index(view)
+    cmap = view.cache.get("core_map")
+    if cmap is None:
+        cmap = view.cache["core_map"] = core_map(topology)
+    share = _auto_share(view, cmap, state)
+    if share:
+        _full_shares(view, cmap, state, share, [])
+        _auto_cap(view, cmap, state, share, set(state.reserved_cpus))
+    if "min_weight" not in view.cache:
+        view.cache["min_weight"] = min((w for row in view.weight for w in row if w > 0), default=1.0)
+    everyone = list(range(view.n))
+    if sizes is None:
+        sizes = sorted({*range(1, min(view.n, 16) + 1), *(1 << b for b in range(view.n.bit_length())
+                                                          if 1 << b <= view.n), view.n})
+    for k in sizes:
+        limit = good_node_limit(view, k, everyone, set())
+        _, ref_members = _reference(view, k, everyone, set(), limit, policy.search_budget)
+        _floors(view, ref_members, limit)
+    return view
+
+
 def result_fits(view: HostView, result: SearchResult, node_cap: dict[int, int]) -> bool:
     counts: dict[int, int] = {}
     for p in result.members:
@@ -190,11 +224,6 @@ def _auto_share(view: HostView, cmap: CoreMap, state: FreeState) -> dict[int, in
     return share
 
 
-def _is_best(view: HostView, result: SearchResult, limit: int, ref_cost: float, k: int) -> bool:
-    nodes = len({view.node[p] for p in result.members})
-    return _level(nodes, limit, set_cost(view, list(result.members)), ref_cost, k) == "best"
-
-
 def _full_shares(view: HostView, cmap: CoreMap, state: FreeState, share: dict[int, int],
                  members: tuple[int, ...] | list[int]) -> bool:
     """Whether the empty host's cores give every GPU of the set its full auto share
@@ -209,12 +238,13 @@ def _full_shares(view: HostView, cmap: CoreMap, state: FreeState, share: dict[in
     return all(count <= capacity.get(v, 0) for v, count in counts.items())
 
 
-def _degraded_cap(view: HostView, share: dict[int, int], excluded: set[int], state: FreeState, free: list[int],
-                  cmap: CoreMap) -> dict[int, int]:
-    gpus_on: dict[int, int] = {}
-    for p in free:
-        gpus_on[view.node[p]] = gpus_on.get(view.node[p], 0) + 1
-    capacity = auto_capacity(view.topology, share, excluded, set(state.reserved_cpus), gpus_on, cmap)
+def _auto_cap(view: HostView, cmap: CoreMap, state: FreeState, share: dict[int, int],
+              excluded: set[int]) -> dict[int, int]:
+    key = ("auto_table", state.reserved_cpus)
+    table = view.cache.get(key)
+    if table is None:
+        table = view.cache[key] = auto_table(view.topology, share, set(state.reserved_cpus), view.node_gpus, cmap)
+    capacity = auto_capacity(view.topology, table, excluded, cmap)
     return {v: capacity.get(v, 0) for v in set(view.node)}
 
 

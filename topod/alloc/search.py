@@ -81,7 +81,7 @@ def build_problem(candidates: list[int], must: set[int], twin: list[int], node: 
 def solve(problem: Problem, k: int, budget: int = NODE_BUDGET) -> SearchResult | None:
     """The minimum-objective k-set meeting the constraints; None when none exists."""
     cap = [len(group) for group in problem.members]
-    if sum(cap) < k or sum(problem.lo) > k or k <= 0:
+    if sum(cap) < k or sum(problem.lo) > k or k <= 0 or _room(problem, cap, k) < k:
         return None
     if k == 1 and not any(problem.lo):
         return _single(problem)
@@ -98,7 +98,7 @@ def solve_ties(problem: Problem, k: int, slack: float, limit: int = TIE_LIMIT,
     """Every set whose objective is within `slack` of the minimum, lowest first; None when
     there are more than `limit` of them, the budget runs out or no set exists."""
     cap = [len(group) for group in problem.members]
-    if sum(cap) < k or sum(problem.lo) > k or k <= 0:
+    if sum(cap) < k or sum(problem.lo) > k or k <= 0 or _room(problem, cap, k) < k:
         return None
     if sum(cap) == k:
         only = _everything(problem, cap, k)
@@ -119,6 +119,21 @@ def solve_ties(problem: Problem, k: int, slack: float, limit: int = TIE_LIMIT,
                  for objective, counts in kept if objective <= best.objective + slack]
     found.sort(key=lambda result: (result.objective, result.members))
     return found if 0 < len(found) <= limit else None
+
+
+def _room(problem: Problem, cap: list[int], k: int) -> int:
+    """At most how many GPUs the node constraints let a set hold (the max_nodes fullest
+    nodes, each up to its cap): a search that cannot reach k is not run, since the bound
+    ignores node caps and would prove it only by exhausting the tree."""
+    if problem.node_cap is None and problem.max_nodes is None:
+        return k
+    per_node: dict[int, int] = {}
+    for c, count in enumerate(cap):
+        per_node[problem.node[c]] = per_node.get(problem.node[c], 0) + count
+    if problem.node_cap is not None:
+        per_node = {v: min(count, problem.node_cap.get(v, k)) for v, count in per_node.items()}
+    sizes = sorted(per_node.values(), reverse=True)
+    return sum(sizes[:problem.max_nodes] if problem.max_nodes is not None else sizes)
 
 
 def solve_one(candidates: list[int], unary: dict[int, float], node: list[int],
