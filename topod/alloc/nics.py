@@ -45,7 +45,6 @@ from topod.distance import BASE_WEIGHTS, Distance, DistanceModel
 from topod.model import Gpu, Topology
 
 NIC_MODES = ("exclusive", "shared", "none")
-DEFAULT_NIC_MODE = "shared"
 MAX_NICS_PER_GPU = 16
 NIC_TIE_BREAK = 5e-8  # per GPU, times distance / SYS weight; see the module docstring
 NEAR_LEVELS = frozenset({"PIX", "PXB"})  # under the GPU's own PCIe switch (tree)
