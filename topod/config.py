@@ -105,6 +105,10 @@ SCHEMA: dict[str, dict[str, tuple[object, object]]] = {
     "watchdog": {
         "loop_deadline_seconds": (float, 60.0),
     },
+    "isolate": {  # topod.isolate: keep everything outside leases off leased CPUs (affinity mode)
+        "system": (bool, False),
+        "interval_seconds": (float, 5.0),
+    },
     "export": {
         "nccl_topology_file": (str, "/var/run/nvidia-topologyd/virtualTopology.xml"),
         "write_nccl_topology": (bool, False),
@@ -132,7 +136,7 @@ RESTART_KEYS = (("daemon", "root"), ("daemon", "socket"), ("daemon", "state_dir"
 POSITIVE = {("daemon", "rescan_interval_seconds"), ("irq", "interval_seconds"), ("probe", "min_interval_seconds"),
             ("probe", "max_interval_seconds"), ("watchdog", "loop_deadline_seconds"), ("api", "idle_timeout_seconds"),
             ("alloc", "max_wait_seconds"), ("alloc", "renew_max_ttl_seconds"),
-            ("alloc", "unconfirmed_grace_seconds"), ("udev", "max_delay_seconds")}
+            ("alloc", "unconfirmed_grace_seconds"), ("udev", "max_delay_seconds"), ("isolate", "interval_seconds")}
 
 CHOICES = {
     ("alloc", "default_level"): ("best", "good", "any"),

@@ -95,6 +95,18 @@ class Daemon:
 
         self.enforcement = host_enforcement(self.host)
         self.alloc.host_enforcement = self.enforcement.mode
+        # Leased cores kept free of topod itself, always, and with [isolate] system of
+        # every other process too (topod.isolate); only on the host topod runs on.
+        self.isolation = None
+        self._isolate_due = asyncio.Event()
+        self._kept_off: frozenset[int] | None = None
+        if self.enforcement.mode != "none":
+            import os
+
+            from topod.isolate import Isolation
+
+            self._own_cpus = frozenset(os.sched_getaffinity(0))
+            self.isolation = Isolation(self.host, config.get("daemon", "state_dir"))
         self._load = NodeLoadSampler(self.host)
         self._tasks: asyncio.TaskGroup | None = None
         self._loops: dict[str, asyncio.Task] = {}
@@ -235,6 +247,7 @@ class Daemon:
                     "withheld": self.irq_withheld},
             "container": self.container,
             "enforcement": self.enforcement.to_json(),
+            "isolation": self.isolation_health(),
             "loops": self.supervisor.report(now),
             "commits": {"transactions": self.store.commits, "changes": self.store.changes},
         }
@@ -313,6 +326,7 @@ class Daemon:
 
     def _on_event(self, record: dict) -> None:
         if record["event"] in LEASE_EVENTS:
+            self._isolate_due.set()
             if self.irq is not None:
                 self.irq.leases_changed()
             if self.probe is not None:
@@ -348,6 +362,9 @@ class Daemon:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
         reclaimed = self.alloc.recover()
+        if self.isolation is not None and self.isolation.record:  # left by a crash: give it back
+            restored = await asyncio.to_thread(self.isolation.restore)
+            log.info("isolation_restored", after="crash", **restored)
         runner = await serve(self, self.config, listen)
         self.api_address = next((a for a in runner.addresses if isinstance(a, str) and a), None)
         metrics_runner = None
@@ -386,6 +403,8 @@ class Daemon:
                 self.hotplug.close()
             if self.probe is not None:
                 self.probe.close()
+            if self.isolation is not None and self.isolation.record:
+                log.info("isolation_restored", after="stop", **await asyncio.to_thread(self.isolation.restore))
             await asyncio.to_thread(self.store.close)
             if self.state_lock is not None:
                 self.state_lock.close()
@@ -425,6 +444,7 @@ class Daemon:
                        != self.config.get("daemon", "rescan_interval_seconds")),
             "irq": (self.config.get("irq", "mode") != "off", changed("irq")),
             "probe": (bool(self.config.get("probe", "enabled")), changed("probe")),
+            "isolate": (self.isolation is not None, changed("isolate")),
         }
         for name, (want, restart) in wanted.items():
             running = name in self._loops and not self._loops[name].done()
@@ -437,7 +457,7 @@ class Daemon:
     def _start_loop(self, name: str) -> None:
         factories = {"reaper": self._reaper_loop, "load": self._load_loop, "exports": self._exports_loop,
                      "api": self._liveness_loop, "rescan": self._rescan_loop, "irq": self._irq_loop,
-                     "probe": self._probe_loop}
+                     "probe": self._probe_loop, "isolate": self._isolate_loop}
         assert self._tasks is not None
         self._loops[name] = self._tasks.create_task(self._guarded(name, factories[name]), name=f"topod-{name}")
 
@@ -526,6 +546,48 @@ class Daemon:
             self.state.set_discovered(await asyncio.to_thread(discover_checked, self.host, self._discovery_memo))
 
         await self._supervised("rescan", iteration, self._deadline(interval))
+
+    async def _isolate_loop(self) -> None:
+        interval = float(self.config.get("isolate", "interval_seconds"))
+        self._isolate_due.set()
+
+        async def iteration() -> None:
+            try:
+                async with asyncio.timeout(interval):
+                    await self._isolate_due.wait()
+            except TimeoutError:
+                pass
+            self._isolate_due.clear()
+            leases = self.alloc.leases()
+            leased = frozenset(self.alloc.leased_cpus())
+            owners = frozenset(lease.owner_pid for lease in leases if lease.owner_pid)
+            await asyncio.to_thread(self._isolate_once, leased, owners, bool(self.config.get("isolate", "system")))
+
+        await self._supervised("isolate", iteration, self._deadline(interval))
+
+    def _isolate_once(self, leased: frozenset[int], owners: frozenset[int], system: bool) -> None:
+        """In a worker thread: topod off leased CPUs; with [isolate] system, everyone else too."""
+        from topod.isolate import keep_off
+
+        assert self.isolation is not None
+        if self._kept_off != leased:
+            keep_off(self.host, leased, self._own_cpus)
+            self._kept_off = leased
+        if system:
+            before = self.isolation.last.get("threads_narrowed", 0)
+            result = self.isolation.apply(leased, owners)
+            if result.get("narrowed_now") or result.get("restored_now") or before != result["threads_narrowed"]:
+                log.info("isolation_applied", **result)
+        elif self.isolation.record:
+            log.info("isolation_restored", after="isolate.system off", **self.isolation.restore())
+
+    def isolation_health(self) -> dict:
+        if self.isolation is None:
+            return {"system": bool(self.config.get("isolate", "system")), "active": False,
+                    "reason": f"enforcement none: {self.enforcement.reason}"}
+        return {"system": bool(self.config.get("isolate", "system")), "method": "affinity",
+                "topod_cpus": None if self._kept_off is None else
+                sorted(self._own_cpus - self._kept_off or self._own_cpus), **self.isolation.last}
 
     async def _irq_loop(self) -> None:
         from topod.service.irq_task import IrqTask
