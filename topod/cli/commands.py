@@ -261,7 +261,10 @@ def _watch(p: argparse.ArgumentParser) -> None:
     p.add_argument("--count", type=_count, default=0, help="stop after this many (matching) events (0: no limit)")
     p.add_argument("--event", action="extend", nargs="+", default=None, metavar="NAME",
                    help="only these events, e.g. --event lease_granted lease_released (repeatable)")
-    _handler(p, "topod.cli.lease_cmd:run_watch")
+    p.add_argument("--reconnect-timeout", type=_seconds, default=300.0, metavar="SECONDS",
+                   help="when the daemon goes away (restart, stop), keep trying to reconnect this long, "
+                        "then exit 75; 0: exit 75 at once (default 300)")
+    _handler(p, "topod.cli.watch_cmd:run_watch")
 
 
 def _status(p: argparse.ArgumentParser) -> None:

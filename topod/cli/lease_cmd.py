@@ -105,24 +105,6 @@ def run_leases(args) -> int:
     return 0
 
 
-def run_watch(args) -> int:
-    wanted = set(args.event or ())
-    seen = 0
-    for event in _client(args).events():
-        if wanted and event.get("event") not in wanted:
-            continue
-        if args.json:
-            print(json.dumps(event), flush=True)
-        else:
-            fields = " ".join(f"{k}={v}" for k, v in event.items() if k not in ("event", "time"))
-            when = f"{local_time(event['time'])} " if isinstance(event.get("time"), (int, float)) else ""
-            print(f"{when}{event['event']} {fields}", flush=True)
-        seen += 1
-        if args.count and seen >= args.count:
-            break
-    return 0
-
-
 def run_status(args) -> int:
     health = _client(args).health()
     if args.json:
