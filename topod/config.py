@@ -231,9 +231,6 @@ def _check_ranges(config: Config) -> None:
         if config.get(section, low) > config.get(section, high):
             raise ConfigError(f"{section}.{low} ({config.get(section, low):g}) must not exceed "
                               f"{section}.{high} ({config.get(section, high):g})")
-    if config.get("api", "root_reserved_connections") >= config.get("api", "max_connections"):
-        raise ConfigError(f"api.root_reserved_connections ({config.get('api', 'root_reserved_connections')}) must be "
-                          f"less than api.max_connections ({config.get('api', 'max_connections')})")
 
 
 def _check_consumers(config: Config, document: dict[str, Any]) -> None:

@@ -112,9 +112,10 @@ def _as_user(uid: int, gid: int, code: str, sock_path: str) -> tuple[int, str]:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to drop to other uids")
 def test_only_root_and_the_group_may_allocate_and_only_owners_release(daemon_factory):
-    daemon = daemon_factory(config='[daemon]\ngroup = "topodtest"\nsocket_mode = "0666"\n'
+    daemon = daemon_factory(config='[daemon]\ngroup = ""\nsocket_mode = "0666"\n'
                                    '[irq]\nmode = "off"\n[probe]\nenabled = false\n')
-    # the group does not exist: nobody but root (and the daemon's own uid) may allocate
+    # no group: nobody but root (and the daemon's own uid) may allocate (a group that does
+    # not exist is a config error now, exit 78)
     import tempfile
 
     public = tempfile.mkdtemp(prefix="topod-auth-")

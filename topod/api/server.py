@@ -66,6 +66,7 @@ class Backend(Protocol):
     def topology_json(self) -> dict: ...
     def health(self) -> dict: ...
     async def irq_report(self) -> dict: ...
+    def irq_section(self) -> dict: ...
     def links_report(self) -> dict: ...
     def telemetry(self, body: Any, caller: Any) -> dict: ...
     def metrics_text(self) -> str: ...
@@ -345,23 +346,30 @@ class TooManyStreamsError(TopodError):
 async def events(request: web.Request) -> web.StreamResponse:
     backend = request.app[BACKEND]
     bus = backend.bus
-    who = await caller(request)
+    uid = _peer_uid(request)  # None: not a Unix socket peer (counted as one user)
     streams = request.app[STREAMS]
     share = _api_setting(backend, "max_event_streams_per_uid", int, 8)
-    if who.uid != 0 and streams.get(who.uid, 0) >= share:
+    if uid != 0 and streams.get(uid, 0) >= share:
         # A stream holds a connection for ever: without a share one user's idle streams
         # would take every connection there is.
-        raise TooManyStreamsError(f"uid {who.uid} already has {streams[who.uid]} event streams open "
+        raise TooManyStreamsError(f"uid {uid} already has {streams[uid]} event streams open "
                                   f"([api] max_event_streams_per_uid = {share}); close one first")
-    streams[who.uid] = streams.get(who.uid, 0) + 1
+    streams[uid] = streams.get(uid, 0) + 1
     try:
         return await _stream_events(request, bus)
     finally:
-        left = streams.get(who.uid, 1) - 1
+        left = streams.get(uid, 1) - 1
         if left > 0:
-            streams[who.uid] = left
+            streams[uid] = left
         else:
-            streams.pop(who.uid, None)
+            streams.pop(uid, None)
+
+
+def _peer_uid(request: web.Request) -> int | None:
+    try:
+        return peer_credentials(request.transport.get_extra_info("socket") if request.transport else None)[1]
+    except (PermissionError, OSError):
+        return None
 
 
 async def _stream_events(request: web.Request, bus: Any) -> web.StreamResponse:
@@ -392,7 +400,11 @@ def _event_line(record: dict) -> bytes:
 
 
 async def irqs(request: web.Request) -> web.Response:
-    return json_response(await request.app[BACKEND].irq_report())
+    backend = request.app[BACKEND]
+    report = dict(await backend.irq_report())
+    # The effective [irq] section, so `topoctl irq plan` plans as this daemon would.
+    report["settings"] = backend.irq_section()
+    return json_response(report)
 
 
 async def links(request: web.Request) -> web.Response:

@@ -101,6 +101,12 @@ def take_listening_socket(config: Config) -> tuple[socket.socket, str]:
 # accept batch of connections not yet admitted or refused.
 RESERVED_DESCRIPTORS = 64
 ACCEPT_BATCH = 16
+# A refused connection lingers (reading and dropping what the client sends until its EOF,
+# at most REFUSAL_LINGER_SECONDS) so that the client reads the 503 and then a clean end,
+# not ECONNRESET (Linux resets an AF_UNIX peer when a socket closes with unread input).
+# At most LINGER_BUDGET linger at once: beyond that (a flood) each is closed at once.
+REFUSAL_LINGER_SECONDS = 0.5
+LINGER_BUDGET = 16
 ACCEPT_RESOURCE_MESSAGE = "socket.accept() out of system resource"
 
 
@@ -144,6 +150,7 @@ class ConnectionGate:
         self.active = 0
         self.refused = 0
         self.by_uid: dict[int | None, int] = {}
+        self.lingering = 0  # refused connections waiting for their client's EOF
         self.last_refusal: tuple[float, str] | None = None  # (when, why)
         self._recent: list[float] = []  # refusal times within REFUSALS_SHOWN_SECONDS
         self.accept_failures = 0  # since start
@@ -270,6 +277,21 @@ def _value(setting: Any) -> Any:
     return setting() if callable(setting) else setting
 
 
+def _drop_pending_input(transport: asyncio.BaseTransport) -> None:
+    """Read and drop what the client already sent, so that the close below is a clean end
+    for it rather than a reset (what arrives later cannot be helped in a flood)."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return
+    try:
+        fd = sock.fileno()  # asyncio's sockets are non-blocking: a read never waits
+        for _ in range(16):
+            if not os.read(fd, 65536):
+                return
+    except (BlockingIOError, InterruptedError, OSError, ValueError):
+        return
+
+
 def _peer_uid(transport: asyncio.BaseTransport) -> int | None:
     from topod.api.peer import peer_credentials
 
@@ -299,12 +321,13 @@ REFUSAL = REFUSALS["too_many_connections"]
 
 class GatedRequestHandler(RequestHandler):
     """aiohttp's connection protocol, counted by a ConnectionGate: one over the limit (or
-    over its uid's share) gets a 503 and is closed at once, without any of its bytes
-    being parsed. On a Unix socket what was written before the close stays readable by
-    the peer, so nothing lingers: a flood of refused connections holds no descriptors.
-    An internal connection (the daemon's self-check) is admitted outside the count."""
+    over its uid's share) gets a 503 without any of its bytes being parsed, and is closed
+    after the client's EOF (at most REFUSAL_LINGER_SECONDS, at most LINGER_BUDGET such
+    connections at once) or, in a flood, at once: refused connections never hold more
+    than a handful of descriptors. An internal connection (the daemon's self-check) is
+    admitted outside the count."""
 
-    __slots__ = ("_gate", "_admitted", "_refused", "_uid", "_internal")
+    __slots__ = ("_gate", "_admitted", "_refused", "_uid", "_internal", "_lingering")
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         if self._internal:
@@ -316,11 +339,23 @@ class GatedRequestHandler(RequestHandler):
         if not self._admitted:
             why = self._gate.last_refusal[1] if self._gate.last_refusal else "too_many_connections"
             transport.write(REFUSALS.get(why, REFUSAL))  # type: ignore[attr-defined]
-            transport.close()  # flushes what was written, then frees the descriptor
+            if transport.can_write_eof():  # type: ignore[attr-defined]
+                transport.write_eof()  # type: ignore[attr-defined]
+            if self._gate.lingering < LINGER_BUDGET:
+                self._gate.lingering += 1
+                self._lingering = True
+                self._refused = transport
+                asyncio.get_running_loop().call_later(REFUSAL_LINGER_SECONDS, transport.close)
+            else:
+                _drop_pending_input(transport)
+                transport.close()  # flushes what was written, then frees the descriptor
             return
         super().connection_made(transport)
 
     def connection_lost(self, exc: BaseException | None) -> None:
+        if self._lingering:
+            self._lingering = False
+            self._gate.lingering = max(0, self._gate.lingering - 1)
         if not self._admitted:
             return
         self._admitted = False
@@ -385,6 +420,7 @@ class GatedSockSite(web.SockSite):
         handler._refused = None
         handler._uid = None
         handler._internal = internal
+        handler._lingering = False
         return handler
 
     async def internal_connection(self) -> socket.socket:
