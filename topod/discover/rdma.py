@@ -12,8 +12,9 @@ from topod.model import RDMA_PORT_STATES, RdmaPort
 MAX_PORTS = 64  # no HCA has more; a longer listing is a broken or hostile tree
 
 
-def parse_port_state(text: str | None) -> str | None:
-    """'4: ACTIVE' -> 'ACTIVE'; a bare name is accepted; None for anything else."""
+def _numbered_name(text: str | None) -> str | None:
+    """The name of a sysfs 'N: NAME' value ('4: ACTIVE' -> 'ACTIVE'; a bare name as it is);
+    None when missing or when what stands before the colon is not a number."""
     if text is None:
         return None
     value = text.strip()
@@ -21,20 +22,18 @@ def parse_port_state(text: str | None) -> str | None:
         number, _, value = value.partition(":")
         if not number.strip().isdigit():
             return None
-        value = value.strip()
+    return value.strip()
+
+
+def parse_port_state(text: str | None) -> str | None:
+    """'4: ACTIVE' -> 'ACTIVE'; a bare name is accepted; None for anything else."""
+    value = _numbered_name(text)
     return value if value in RDMA_PORT_STATES else None
 
 
 def parse_phys_state(text: str | None) -> str | None:
     """'5: LinkUp' -> 'LinkUp'; None when empty or malformed."""
-    if text is None:
-        return None
-    value = text.strip()
-    if ":" in value:
-        number, _, value = value.partition(":")
-        if not number.strip().isdigit():
-            return None
-    value = value.strip()
+    value = _numbered_name(text)
     return value if value and value.replace("_", "").isalnum() else None
 
 
