@@ -33,8 +33,10 @@ def test_plan_text_is_a_table_with_reasons(tree, capsys):
     captured = capsys.readouterr()
     out = captured.out
     assert out.splitlines()[0].startswith(f"root {tree} (")  # the root it read, in the header
-    assert out.splitlines()[1].startswith("mode dry-run")
+    assert out.splitlines()[1] == "[irq] settings from defaults: banned CPUs -, housekeeping CPUs -, irqbalance yield"
+    assert out.splitlines()[2].startswith("mode dry-run")
     assert "no daemon at" in captured.err and len(captured.err.splitlines()) == 1
+    assert "planning with the defaults" in captured.err
     assert "REASON" in out and "-TxRx-0" in out and "nvme0q1" in out
 
 

@@ -210,6 +210,29 @@ LEASE = {
     },
 }
 
+CPULIST = {"type": "string", "description": "a CPU list such as \"0-3,8\" (\"\" for none)"}
+IRQ_SETTINGS = {
+    "type": "object",
+    "description": ("the [irq] section the daemon's balancer uses, defaults filled in (mode dry-run while "
+                    "writes are withheld in a container); `topoctl irq plan` plans with it"),
+    "required": ["mode", "banned_cpus", "housekeeping_cpus", "irqbalance", "policy"],
+    "properties": {
+        "mode": {"type": "string", "enum": ["continuous", "dry-run", "off"]},
+        "banned_cpus": CPULIST,
+        "housekeeping_cpus": CPULIST,
+        "irqbalance": {"type": "string", "enum": ["yield", "ban"]},
+        "policy": {"type": "object", "additionalProperties": {"type": "string"}},
+        "irq_overrides": {"type": "object", "additionalProperties": {"type": "string"}},
+        "device_overrides": {"type": "object", "additionalProperties": {"type": "string"}},
+    },
+}
+IRQS = {
+    "type": "object",
+    "required": ["settings"],
+    "description": "the current plan and last cycle (absent while IRQ balancing is off or starting)",
+    "properties": {"settings": IRQ_SETTINGS},
+}
+
 HEALTH = {
     "type": "object",
     "required": ["status"],
@@ -328,7 +351,7 @@ def openapi_document(limits: RequestLimits | None = None, *, max_body_bytes: int
                                    "responses": {"200": {"description": "events", "content": {
                                        "application/x-ndjson": {"schema": {"type": "string"}}}}, **_errors(429)}}},
             "/v1/irqs": {"get": {"summary": "IRQ plan and last cycle", "operationId": "irqs",
-                                 "responses": {"200": _json({"type": "object"}, "irqs"), **_errors()}}},
+                                 "responses": {"200": _json(IRQS, "irqs"), **_errors()}}},
             "/v1/links": {"get": {"summary": "expected vs measured links", "operationId": "links",
                                   "responses": {"200": _json({"type": "object"}, "links"), **_errors()}}},
             "/v1/telemetry": {"post": {"summary": "a job's observed transfer", "operationId": "telemetry",

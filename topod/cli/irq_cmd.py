@@ -1,8 +1,11 @@
 """`topoctl irq plan` and `topoctl irq apply --oneshot`: the IRQ balancer run by hand.
 
 With a daemon serving the same root, its leased CPUs are kept clear like --leased-cpus,
-and `apply` refuses to write while that daemon balances the root continuously (it would
-undo the daemon's placement, or the daemon would undo ours) unless --force.
+its [irq] settings (banned and housekeeping CPUs, policies, overrides; GET /v1/irqs
+"settings") are the ones planned with, and `apply` refuses to write while that daemon
+balances the root continuously (it would undo the daemon's placement, or the daemon would
+undo ours) unless --force. Without one, --config's [irq] or the defaults, said in one
+line. --banned-cpus, --housekeeping-cpus and --irqbalance go on top of either.
 Arguments: topod.cli.commands."""
 
 from __future__ import annotations
@@ -13,7 +16,40 @@ import sys
 import time
 
 
-def _settings(args: argparse.Namespace):
+class SettingsSource:
+    """Where the [irq] settings came from: kind daemon | config | defaults, and words."""
+
+    def __init__(self, kind: str, text: str, note: str = "") -> None:
+        self.kind = kind
+        self.text = text
+        self.note = note  # said on stderr: why not the daemon's
+
+    def to_json(self, settings) -> dict:  # noqa: ANN001 - IrqSettings
+        from topod.cpulist import format_cpulist
+
+        return {"source": self.kind, "from": self.text, "banned_cpus": format_cpulist(sorted(settings.banned_cpus)),
+                "housekeeping_cpus": format_cpulist(sorted(settings.housekeeping_cpus)),
+                "irqbalance": settings.irqbalance, "policy": dict(settings.policy)}
+
+
+def _daemon_section(view) -> tuple[dict | None, str]:  # noqa: ANN001 - DaemonView
+    """The serving daemon's effective [irq] (GET /v1/irqs "settings"), or None and why not."""
+    from topod.client import ApiError
+
+    try:
+        report = view.client.request("GET", "/v1/irqs")
+    except ApiError as exc:
+        return None, f"topod at {view.socket} gave no [irq] settings ({exc})"
+    section = report.get("settings") if isinstance(report, dict) else None
+    if not isinstance(section, dict):
+        return None, f"topod at {view.socket} does not report its [irq] settings (an older topod)"
+    return section, ""
+
+
+def _settings(args: argparse.Namespace, view):  # noqa: ANN001, ANN202 - DaemonView; (IrqSettings, SettingsSource)
+    """--config's [irq] when given, else the serving daemon's, else the defaults; the
+    command line's overrides on top."""
+    from topod.errors import ConfigError
     from topod.irq import IrqSettings
 
     section: dict = {}
@@ -21,11 +57,38 @@ def _settings(args: argparse.Namespace):
         from topod.config import load_config
 
         section = load_config(args.config).section("irq")
-    for key, value in (("banned_cpus", args.banned_cpus), ("housekeeping_cpus", args.housekeeping_cpus),
-                       ("irqbalance", args.irqbalance)):
-        if value is not None:
-            section[key] = value
-    return IrqSettings.from_section(section)
+        note = f"[irq] from --config {args.config}, not from topod at {view.socket}" if view.serves_root else ""
+        source = SettingsSource("config", f"--config {args.config}", note)
+    elif view.serves_root:
+        daemon, why = _daemon_section(view)
+        if daemon is not None:
+            section = daemon
+            source = SettingsSource("daemon", f"topod at {view.socket}")
+        else:
+            source = SettingsSource("defaults", "defaults", f"{why}: planning with the default [irq] settings")
+    else:
+        source = SettingsSource("defaults", "defaults", "no daemon's [irq] settings: planning with the defaults "
+                                                        "(--config FILE for a config's)")
+    given = [(key, value) for key, value in (("banned_cpus", args.banned_cpus),
+                                             ("housekeeping_cpus", args.housekeeping_cpus),
+                                             ("irqbalance", args.irqbalance)) if value is not None]
+    for key, value in given:
+        section[key] = value
+    if given:
+        source.text += " and " + ", ".join(f"--{key.replace('_', '-')} {value}" for key, value in given)
+    try:
+        return IrqSettings.from_section(section), source
+    except ConfigError as exc:
+        if source.kind == "daemon":
+            raise ConfigError(f"the [irq] settings of topod at {view.socket}: {exc}") from exc
+        raise
+
+
+def _say(note: str, as_json: bool) -> None:
+    if as_json:
+        sys.stderr.write(json.dumps({"note": note}) + "\n")
+    else:
+        sys.stderr.write(f"topoctl: {note}\n")
 
 
 def _leased(args: argparse.Namespace) -> list[int]:
@@ -38,28 +101,39 @@ def _leased(args: argparse.Namespace) -> list[int]:
         raise ConfigError(f"--leased-cpus: {exc}") from exc
 
 
-def _setup(args: argparse.Namespace, view, leased: list[int]):  # noqa: ANN001 - DaemonView
+def _view(args: argparse.Namespace):  # noqa: ANN202 - (DaemonView, IrqSettings, settings JSON)
+    """The root and daemon, and the settings to plan with, said on stderr: where no
+    daemon serves the root, in the one line that says so."""
+    from topod.cli.daemon_view import find
+
+    view = find(args)
+    settings, source = _settings(args, view)
+    if source.note and not view.serves_root:
+        view.note = f"{view.note}; {source.note}"
+    view.announce(args.json)
+    if source.note and view.serves_root:
+        _say(source.note, args.json)
+    return view, settings, source.to_json(settings)
+
+
+def _setup(view, settings, leased: list[int]):  # noqa: ANN001, ANN202 - DaemonView, IrqSettings
     from topod.discover import discover
     from topod.host import HostRoot
     from topod.irq import IrqBalancer
 
     host = HostRoot(view.root)
-    settings = _settings(args)
     return IrqBalancer(host, settings), discover(host), sorted(set(leased) | view.leased_cpus())
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    from topod.cli.daemon_view import find
-
     own = _leased(args)
-    view = find(args)
-    view.announce(args.json)
-    balancer, topology, leased = _setup(args, view, own)
+    view, settings, shown = _view(args)
+    balancer, topology, leased = _setup(view, settings, own)
     if args.interval > 0:
         balancer.cycle(topology, leased, mode="dry-run")
         time.sleep(args.interval)
     report = balancer.cycle(topology, leased, mode="dry-run")
-    _print(report, args.json, view)
+    _print(report, args.json, view, shown)
     return 0
 
 
@@ -68,28 +142,29 @@ def run_apply(args: argparse.Namespace) -> int:
 
     if not args.oneshot:
         raise ConfigError("topoctl irq apply needs --oneshot (continuous balancing runs inside topod)")
-    from topod.cli.daemon_view import find
-
     own = _leased(args)
-    view = find(args)
-    view.announce(args.json)
+    view, settings, shown = _view(args)
     if view.serves_root and view.irq_mode == "continuous" and not args.dry_run and not args.force:
         raise ConfigError(f"topod at {view.socket} balances the IRQs of {view.root} continuously "
                           "(irq.mode continuous): a one-shot apply would fight it. See its plan with "
                           "`topoctl irq plan`, set [irq] mode = \"dry-run\" or \"off\", or pass --force")
-    balancer, topology, leased = _setup(args, view, own)
+    balancer, topology, leased = _setup(view, settings, own)
     report = balancer.cycle(topology, leased, mode="dry-run" if args.dry_run else "continuous")
-    _print(report, args.json, view)
+    _print(report, args.json, view, shown)
     return 0
 
 
-def _print(report, as_json: bool, view) -> None:  # noqa: ANN001 - CycleReport, DaemonView
+def _print(report, as_json: bool, view, settings: dict) -> None:  # noqa: ANN001 - CycleReport, DaemonView
     if as_json:
         document = report.to_json()
         document.setdefault("root", view.root)
+        document["settings"] = settings
         sys.stdout.write(json.dumps(document, indent=2) + "\n")
         return
-    sys.stdout.write(f"root {view.root} ({view.describe().split('; ', 1)[1]})\n" + render_report(report))
+    sys.stdout.write(f"root {view.root} ({view.describe().split('; ', 1)[1]})\n"
+                     f"[irq] settings from {settings['from']}: banned CPUs {settings['banned_cpus'] or '-'}, "
+                     f"housekeeping CPUs {settings['housekeeping_cpus'] or '-'}, irqbalance {settings['irqbalance']}\n"
+                     + render_report(report))
 
 
 def render_report(report) -> str:
