@@ -4,7 +4,9 @@ else SLURM_LOCALID, or --rank) and the lease's environment (TOPOD_GPU_CPUS, TOPO
 TOPOD_GPU_MEMORY_NODES, CUDA_VISIBLE_DEVICES), pins itself to that rank's GPU's own
 cores (sched_setaffinity: the whole cores the lease gave that GPU), binds memory to the
 GPU's node (set_mempolicy MPOL_BIND; with --gpu-memory also the GPU's own memory node),
-leaves CUDA_VISIBLE_DEVICES as the lease set it, and execs CMD, which inherits both.
+leaves CUDA_VISIBLE_DEVICES as the lease set it, narrows NCCL_IB_HCA and UCX_NET_DEVICES to
+the rank's GPU's own NICs (TOPOD_GPU_NICS; left as they are when the lease has no NICs or
+this GPU has none of its own), and execs CMD, which inherits all of it.
 
 Rank r is the r-th GPU of the lease, the one CUDA numbers r under CUDA_VISIBLE_DEVICES.
 A rank out of range, a GPU with no cores in the lease, or CPUs the kernel refuses is exit
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 RANK_VARIABLES = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID")
 USAGE = 2
@@ -34,6 +36,7 @@ class RankBinding:
     cpus: tuple[int, ...]
     memory_nodes: tuple[int, ...]  # empty: the lease does not say the GPU's node
     visible_device: str  # what CUDA_VISIBLE_DEVICES names this GPU
+    nic_environment: dict[str, str] = field(default_factory=dict)  # NCCL_IB_HCA/UCX_NET_DEVICES for this rank
 
 
 def _per_gpu(text: str, variable: str) -> list[tuple[int, str]]:
@@ -96,7 +99,22 @@ def rank_binding(env: dict[str, str], rank: int | None = None, gpu_memory: bool 
                     nodes.append(int(node))
     visible = [v for v in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if v]
     device = visible[index] if index < len(visible) else str(gpu)
-    return RankBinding(index, source, gpu, cpus, tuple(nodes), device)
+    return RankBinding(index, source, gpu, cpus, tuple(nodes), device, _rank_nics(env, gpu))
+
+
+def _rank_nics(env: dict[str, str], gpu: int) -> dict[str, str]:
+    """NCCL_IB_HCA and UCX_NET_DEVICES narrowed to this GPU's NICs from TOPOD_GPU_NICS
+    (topod.alloc.nics.rank_nic_environment, as topod.client.bind_local_rank does); empty
+    when the lease has no NICs or lists none for this GPU."""
+    from topod.alloc.nics import rank_nic_environment
+
+    text = env.get("TOPOD_GPU_NICS", "")
+    for other, nics in _per_gpu(text, "TOPOD_GPU_NICS"):
+        for item in nics.split(",") if nics else ():  # "1:" is a GPU the lease gave no NIC
+            name, _, port = item.strip().partition(":")
+            if not name or (port and not port.isdecimal()):
+                raise BindError(f"TOPOD_GPU_NICS: GPU {other}: {item!r} is not a NIC (expected NAME or NAME:PORT)")
+    return rank_nic_environment(text, str(gpu))
 
 
 def run_bind(args) -> int:  # noqa: ANN001 - argparse namespace
@@ -134,11 +152,16 @@ def run_bind(args) -> int:  # noqa: ANN001 - argparse namespace
     from topod.cpulist import format_cpulist
 
     os.environ["TOPOD_RANK_GPU"] = str(binding.gpu)
+    os.environ.update(binding.nic_environment)
+    if not binding.nic_environment and os.environ.get("TOPOD_GPU_NICS"):
+        print(f"topoctl bind: rank {binding.rank}: GPU {binding.gpu} has no NIC of its own in the lease; "
+              "NCCL_IB_HCA and UCX_NET_DEVICES left as the lease set them", file=sys.stderr)
     os.environ["TOPOD_RANK_CPUS"] = format_cpulist(binding.cpus)
     if args.verbose:
         print(f"topoctl bind: rank {binding.rank} ({binding.rank_source}) -> GPU {binding.gpu} "
               f"(CUDA device {binding.rank}, {binding.visible_device}), CPUs {format_cpulist(binding.cpus)}, "
-              f"{memory}", file=sys.stderr)
+              f"{memory}, NIC {binding.nic_environment.get('UCX_NET_DEVICES', 'as the lease set it')}",
+              file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
     try:
