@@ -123,6 +123,9 @@ def _irq(p: argparse.ArgumentParser) -> None:
     apply.add_argument("--dry-run", action="store_true", help="plan and report, write nothing")
     apply.add_argument("--force", action="store_true",
                        help="write even while a daemon balances this root continuously")
+    apply.add_argument("--allow-in-container", action="store_true",
+                       help="write even when the root is a container (its /proc/irq may be the host's); "
+                            "without it a container's apply plans and writes nothing, exit 1")
     _handler(apply, "topod.cli.irq_cmd:run_apply")
     _handler(p, "topod.cli.topoctl:missing_subcommand")
 

@@ -148,17 +148,36 @@ def run_apply(args: argparse.Namespace) -> int:
         raise ConfigError(f"topod at {view.socket} balances the IRQs of {view.root} continuously "
                           "(irq.mode continuous): a one-shot apply would fight it. See its plan with "
                           "`topoctl irq plan`, set [irq] mode = \"dry-run\" or \"off\", or pass --force")
+    withheld = None if args.dry_run or args.allow_in_container else _container_withholds(view.root)
+    if withheld:
+        _say(withheld, args.json)
     balancer, topology, leased = _setup(view, settings, own)
-    report = balancer.cycle(topology, leased, mode="dry-run" if args.dry_run else "continuous")
-    _print(report, args.json, view, shown)
-    return 0
+    report = balancer.cycle(topology, leased, mode="dry-run" if args.dry_run or withheld else "continuous")
+    _print(report, args.json, view, shown, withheld)
+    return 1 if withheld else 0
 
 
-def _print(report, as_json: bool, view, settings: dict) -> None:  # noqa: ANN001 - CycleReport, DaemonView
+def _container_withholds(root: str) -> str | None:
+    """The daemon's container check (topod.service.container): a container may see the
+    host's /proc/irq, and moving the host's IRQs from inside one is never what is meant."""
+    from topod.host import HostRoot
+    from topod.service.container import detect_container
+
+    container = detect_container(HostRoot(root))
+    if container is None:
+        return None
+    return (f"{root} is a container ({container}): IRQ affinity planned, nothing written; "
+            "pass --allow-in-container to write it")
+
+
+def _print(report, as_json: bool, view, settings: dict,  # noqa: ANN001 - CycleReport, DaemonView
+           withheld: str | None = None) -> None:
     if as_json:
         document = report.to_json()
         document.setdefault("root", view.root)
         document["settings"] = settings
+        if withheld:
+            document["withheld"] = withheld
         sys.stdout.write(json.dumps(document, indent=2) + "\n")
         return
     sys.stdout.write(f"root {view.root} ({view.describe().split('; ', 1)[1]})\n"
