@@ -16,8 +16,12 @@ from topod.host import HostRoot
 # Environment variables that decide which GPUs and NICs a rank uses. Only these are
 # kept: a process's environment may hold secrets, and doctor prints what it keeps.
 ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NVIDIA_VISIBLE_DEVICES", "LOCAL_RANK", "RANK",
-             "WORLD_SIZE", "OMP_NUM_THREADS")
+             "WORLD_SIZE", "OMP_NUM_THREADS", "UCX_NET_DEVICES", "TOPOD_GPU_NICS")
 ENV_PREFIXES = ("NCCL_",)
+# The most of /proc/PID/environ doctor reads. The kernel lets argv + envp take a quarter of
+# the stack limit (2 MiB at the usual 8 MiB); a bigger one is not read and the process's
+# NICs are "not checked" (HostRoot records why).
+ENVIRON_CAP = 4 * 1024 * 1024
 
 # /proc/PID/task/TID/stat field 39 (1-based) is 'processor', the CPU it last ran on.
 STAT_PROCESSOR_FIELD = 39
@@ -193,8 +197,8 @@ class _Trail:
     read: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
 
-    def text(self, host: HostRoot, rel: str) -> str | None:
-        value = host.read(rel)
+    def text(self, host: HostRoot, rel: str, limit: int | None = None) -> str | None:
+        value = host.read(rel, limit=limit)
         (self.read if value is not None else self.missing).append("/" + rel.lstrip("/"))
         return value
 
@@ -209,7 +213,7 @@ def read_process(host: HostRoot, pid: int) -> ProcessFacts | None:
     status = parse_status(status_text) if status_text is not None else StatusFacts(None, None, None)
     cmdline_text = trail.text(host, f"{base}/cmdline")
     numa_text = trail.text(host, f"{base}/numa_maps")
-    environ_text = trail.text(host, f"{base}/environ")
+    environ_text = trail.text(host, f"{base}/environ", ENVIRON_CAP)
     threads = []
     for name in host.listdir(f"{base}/task"):
         if name.isdigit():

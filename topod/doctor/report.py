@@ -18,7 +18,9 @@ from topod.doctor.findings import (
     gpus_spread,
     irqs_on_isolated,
 )
+from topod.doctor.nics import NOT_CHECKED, check_nics
 from topod.doctor.procs import ProcessFacts
+from topod.distance import DistanceModel
 from topod.model import Topology
 
 SCHEMA_VERSION = 1
@@ -28,6 +30,7 @@ SCHEMA_VERSION = 1
 class ProcessReport:
     job: Job
     findings: tuple[Finding, ...]
+    nic_status: str = "none"  # ok | finding | not_checked | none (topod.doctor.nics)
 
     @property
     def placement_known(self) -> bool:
@@ -35,6 +38,11 @@ class ProcessReport:
         only then."""
         process = self.job.process
         return bool(process.last_cpus or process.memory_kib or process.cpus_allowed)
+
+    @property
+    def fully_checked(self) -> bool:
+        """Placement known, and its NICs judged where the host has any to judge."""
+        return self.placement_known and self.nic_status != NOT_CHECKED
 
     def to_json(self, topology: Topology) -> dict[str, object]:
         process = self.job.process
@@ -54,6 +62,7 @@ class ProcessReport:
             "env": dict(sorted(process.env.items())),
             "unreadable": list(process.unreadable),
             "placement_known": self.placement_known,
+            "nic_pairing": self.nic_status,
             "findings": [f.to_json() for f in self.findings],
         }
 
@@ -82,8 +91,8 @@ class DoctorReport:
 
     @property
     def unchecked_processes(self) -> int:
-        """GPU processes whose placement could not be read: no finding says nothing of them."""
-        return sum(1 for process in self.processes if not process.placement_known)
+        """GPU processes whose placement or NICs could not be read: no finding says nothing of them."""
+        return sum(1 for process in self.processes if not process.fully_checked)
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +176,12 @@ def build_report(root: str, topology: Topology, processes: list[ProcessFacts], i
     context = jobs + tuple(resolve_job(p, topology, inputs) for p in others if p.pid not in reported)
     ctx = HostContext(topology, inputs.leases, inputs.leases_known, inputs.irqs, inputs.rates_known, context,
                       inputs.settings)
-    reports = tuple(ProcessReport(job, tuple(f for rule in PROCESS_RULES for f in rule(job, ctx))) for job in jobs)
+    model = DistanceModel(topology)
+    reports = []
+    for job in jobs:
+        nic_status, nic_findings = check_nics(job, ctx, model)
+        reports.append(ProcessReport(job, tuple(f for rule in PROCESS_RULES for f in rule(job, ctx)) + tuple(nic_findings),
+                                     nic_status))
     job_findings: list[Finding] = []
     seen_leases: set[str] = set()
     for job in jobs:
@@ -183,7 +197,7 @@ def build_report(root: str, topology: Topology, processes: list[ProcessFacts], i
     notes = list(inputs.notes)
     if not jobs:
         notes.append("no process holds a GPU open (/proc/*/fd -> /dev/nvidiaN)")
-    return DoctorReport(root, topology, reports, tuple(job_findings), tuple(irqs_on_isolated(ctx)), tuple(notes))
+    return DoctorReport(root, topology, tuple(reports), tuple(job_findings), tuple(irqs_on_isolated(ctx)), tuple(notes))
 
 
 # ---------------------------------------------------------------- output
@@ -212,11 +226,15 @@ def render_text(report: DoctorReport, *, verbose: bool = False) -> str:
         lines.append("")
         lines.append(_process_header(process, topology))
         if not process.findings and process.placement_known:
-            lines.append("  ok: threads and memory on its GPU's NUMA node; no device IRQs on its cores")
+            nics = "; NCCL/UCX pinned to no far NIC" if process.nic_status == "ok" else ""
+            lines.append(f"  ok: threads and memory on its GPU's NUMA node; no device IRQs on its cores{nics}")
         elif not process.findings:
             unreadable = ", ".join(process.job.process.unreadable) or "none"
             lines.append("  not checked: none of its threads' CPUs, allowed CPUs or memory could be read "
                          f"(unreadable: {unreadable}); doctor does not guess")
+        if process.nic_status == NOT_CHECKED:
+            lines.append(f"  not checked: which RDMA NICs it sends through (/proc/{process.job.process.pid}/environ "
+                         "could not be read: not its owner or root, gone, or over the size cap); doctor does not guess")
         lines += [line for finding in process.findings for line in _finding_lines(finding, verbose)]
     for title, findings in (("jobs", report.job_findings), ("host", report.host_findings)):
         if findings:

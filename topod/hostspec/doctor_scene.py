@@ -127,10 +127,56 @@ def _rank(topology: Topology, pid: int, gpu: int, cpu_node: int, memory: dict[in
     cpus = rank_cpus(topology, cpu_node, slot)
     rank = gpu if rank is None else rank
     threads = tuple(cpus[i % len(cpus)] for i in range(6))
+    env = {"CUDA_VISIBLE_DEVICES": str(gpu), "LOCAL_RANK": str(rank)}
+    nic = nearest_nic(topology, gpu)
+    if nic is not None:  # the rank sends through its GPU's own NIC, as a lease would say
+        env["NCCL_IB_HCA"] = f"={nic.name}:{nic.port}"
     return ProcSpec(pid, "python3", ("python3", "train.py", "--local-rank", str(rank)), tuple(cpus), threads,
-                    memory, (topology.gpu(gpu).device_number,), {"CUDA_VISIBLE_DEVICES": str(gpu), "LOCAL_RANK": str(rank),
-                                     "NCCL_IB_HCA": f"mlx5_{gpu}"},
+                    memory, (topology.gpu(gpu).device_number,), env,
                     mems_allowed=tuple(n.id for n in topology.numa_nodes))
+
+
+def _nics_by_level(topology: Topology, gpu: int) -> list[tuple[float, str, object]]:
+    """The host's offered NIC ports (ACTIVE) by distance level from the GPU, nearest first."""
+    from topod.alloc.nics import offered_nics
+    from topod.distance import BASE_WEIGHTS, DistanceModel
+
+    model = DistanceModel(topology)
+    address = topology.gpu(gpu).address
+    ranked = []
+    for nic in offered_nics(topology):
+        label = model.between(address, nic.address).label
+        ranked.append((BASE_WEIGHTS.get(label, BASE_WEIGHTS["SYS"]), label, nic))
+    return sorted(ranked, key=lambda item: (item[0], item[2].address, item[2].port))
+
+
+def nearest_nic(topology: Topology, gpu: int):  # noqa: ANN201 - topod.alloc.nics.Nic, imported lazily
+    """The GPU's nearest offered NIC port, or None on a host without one."""
+    ranked = _nics_by_level(topology, gpu)
+    return ranked[0][2] if ranked else None
+
+
+def nic_at(topology: Topology, gpu: int, level: str):  # noqa: ANN201
+    """The first offered NIC port at this distance level from the GPU (PIX, PHB, NODE, SYS).
+    ValueError when the host has none there: a scene never invents hardware."""
+    found = [nic for _, label, nic in _nics_by_level(topology, gpu) if label == level]
+    if not found:
+        raise ValueError(f"GPU {gpu} has no RDMA NIC at level {level} on this host")
+    return found[0]
+
+
+def nic_env_rank(topology: Topology, pid: int, gpu: int, env: dict[str, str]) -> ProcSpec:
+    """A well-placed rank whose NCCL/UCX NIC variables are exactly `env` (none when empty)."""
+    spec = well_placed_rank(topology, pid, gpu)
+    kept = {k: v for k, v in spec.env.items() if k not in ("NCCL_IB_HCA", "UCX_NET_DEVICES")}
+    return ProcSpec(spec.pid, spec.name, spec.cmdline, spec.cpus_allowed, spec.threads, spec.memory_mib,
+                    spec.gpus, {**kept, **env}, spec.mems_allowed)
+
+
+def far_nic_rank(topology: Topology, pid: int, gpu: int, level: str = "SYS") -> ProcSpec:
+    """A rank beside its GPU whose NCCL_IB_HCA names a NIC at `level` (another node by default)."""
+    nic = nic_at(topology, gpu, level)
+    return nic_env_rank(topology, pid, gpu, {"NCCL_IB_HCA": f"={nic.name}:{nic.port}"})
 
 
 def _slot(topology: Topology, gpu: int) -> tuple[int, int]:
