@@ -106,9 +106,11 @@ def _rank_nics(env: dict[str, str], gpu: int) -> dict[str, str]:
     """NCCL_IB_HCA and UCX_NET_DEVICES narrowed to this GPU's NICs from TOPOD_GPU_NICS
     (topod.alloc.nics.rank_nic_environment, as topod.client.bind_local_rank does); empty
     when the lease has no NICs or lists none for this GPU."""
-    from topod.alloc.nics import rank_nic_environment
-
     text = env.get("TOPOD_GPU_NICS", "")
+    if not text:
+        return {}
+    from topod.alloc.nics import rank_nic_environment  # only a lease with NICs pays for the import
+
     for other, nics in _per_gpu(text, "TOPOD_GPU_NICS"):
         for item in nics.split(",") if nics else ():  # "1:" is a GPU the lease gave no NIC
             name, _, port = item.strip().partition(":")
