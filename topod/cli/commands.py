@@ -165,6 +165,10 @@ def _export(p: argparse.ArgumentParser) -> None:
                      help="CPUs in use, e.g. 2-9 (added to the daemon's leased CPUs)")
     nrt.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
                      help="a cluster label (rack=r12, leaf=l3); repeatable")
+    nrt.add_argument("--nics", choices=("exclusive", "shared", "none"), default=None,
+                     help="[alloc] nics: exclusive publishes RDMA NIC ports per zone (default: --config's, else shared)")
+    nrt.add_argument("--config", default=None, metavar="FILE",
+                     help="topod.toml whose [alloc] nics to use (default: the defaults)")
     _handler(nrt, "topod.cli.export_cmd:run_nrt")
 
     slurm = _leaf(kinds, "slurm-gres", "Slurm gres.conf lines for the GPUs")

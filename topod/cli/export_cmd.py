@@ -1,7 +1,8 @@
 """`topoctl export nrt|slurm-gres|nccl`: the host model in other systems' formats.
 
 They read the host tree. With a daemon serving the same root, its leases count: leased
-GPUs and CPUs are not `available` in the NRT object (added to --leased-gpus/--leased-cpus),
+GPUs, CPUs and (with [alloc] nics = exclusive) NIC ports are not `available` in the NRT
+object (added to --leased-gpus/--leased-cpus),
 and `nccl --lease ID` writes that lease's file. Without one, every GPU and CPU counts as
 free unless the options say otherwise. Arguments: topod.cli.commands.
 """
@@ -90,6 +91,11 @@ def run_nrt(args: argparse.Namespace) -> int:
         _warn(args, warning)
     settings = NrtSettings(topology_manager_policy=manager.policy, topology_manager_scope=manager.scope,
                            topology_manager_source=manager.source)
+    nic_mode = _nic_mode(args)
+    if nic_mode != "exclusive" and not args.json and any(d.rdma_ports for d in topology.devices_of_kind("rdma")):
+        print(f"topoctl: note: no RDMA NIC resources published: [alloc] nics is {nic_mode} "
+              f"({'--nics' if args.nics else '--config' if args.config else 'the default'}); only exclusive NICs "
+              "are a countable resource (--nics exclusive, or --config with the daemon's file)", file=sys.stderr)
     obj = build_nrt(
         topology,
         node_name_of(host, args.node_name),
@@ -98,6 +104,8 @@ def run_nrt(args: argparse.Namespace) -> int:
         reserved_cpus=reserved_cpus,
         labels=parse_cluster_labels(labels, section="--label"),
         settings=settings,
+        nic_mode=nic_mode,
+        leased_nics=leased_nic_keys(view.leases()),
     )
     if args.json:
         sys.stdout.write(json.dumps(obj, indent=2) + "\n")
@@ -106,6 +114,26 @@ def run_nrt(args: argparse.Namespace) -> int:
 
         sys.stdout.write(yaml.safe_dump(obj, sort_keys=False, default_flow_style=False))
     return 0
+
+
+def _nic_mode(args: argparse.Namespace) -> str:
+    """--nics, else --config's [alloc] nics, else the default (shared)."""
+    if args.nics:
+        return args.nics
+    from topod.config import load_config
+
+    return str(load_config(args.config).section("alloc")["nics"]) if args.config else "shared"
+
+
+def leased_nic_keys(leases: list[dict]) -> list[str]:
+    """`<address>/<port>` of every NIC port the daemon's leases carry (placements[].nics[])."""
+    keys = []
+    for lease in leases:
+        for placement in lease.get("placements") or ():
+            for nic in (placement.get("nics") or ()) if isinstance(placement, dict) else ():
+                if isinstance(nic, dict) and "address" in nic and "port" in nic:
+                    keys.append(f"{nic['address']}/{nic['port']}")
+    return keys
 
 
 def run_slurm(args: argparse.Namespace) -> int:

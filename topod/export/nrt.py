@@ -2,7 +2,10 @@
 
 One zone per NUMA node (type "Node", name "node-<id>"), `costs` from the SLIT row,
 `resources` for cpu, memory, huge pages (hugepages-2Mi, hugepages-1Gi: bytes, as the kubelet
-counts them) and GPUs, and `attributes` for what NRT has no field for:
+counts them), GPUs and, when NICs are leased exclusively ([alloc] nics = "exclusive"), RDMA
+NIC ports (`topod.io/rdma-nic`: capacity every port of the zone's RDMA functions, allocatable
+the ACTIVE ones topod hands out, available those no lease holds; with shared or none a NIC is
+not a countable resource, so none is published), and `attributes` for what NRT has no field for:
 NVLink/NVSwitch islands, PCIe switch groups, each GPU's level to every other GPU, and
 the cluster labels (rack, leaf). The scheduler-plugins NodeResourceTopologyMatch plugin
 reads the zones and the top-level `topologyManagerPolicy`/`topologyManagerScope`
@@ -48,6 +51,7 @@ class NrtSettings:
     topology_manager_policy: str = "none"
     topology_manager_scope: str = "container"
     gpu_resource: str = "nvidia.com/gpu"
+    nic_resource: str = "topod.io/rdma-nic"  # RDMA NIC ports, published only when leased exclusively
     topology_manager_source: str | None = None  # kubelet-config | default | option: published when set
 
     def __post_init__(self) -> None:
@@ -61,11 +65,13 @@ class NrtSettings:
                 f"export.nrt.topology_manager_scope: {self.topology_manager_scope!r} is not one of "
                 f"{', '.join(SCOPES)} (copy the kubelet's --topology-manager-scope)"
             )
-        if "/" not in self.gpu_resource:
-            raise ConfigError(
-                f"export.nrt.gpu_resource: {self.gpu_resource!r} is not an extended resource name "
-                "(expected vendor/name, e.g. nvidia.com/gpu)"
-            )
+        for key, value, example in (("gpu_resource", self.gpu_resource, "nvidia.com/gpu"),
+                                    ("nic_resource", self.nic_resource, "topod.io/rdma-nic")):
+            if "/" not in value:
+                raise ConfigError(
+                    f"export.nrt.{key}: {value!r} is not an extended resource name "
+                    f"(expected vendor/name, e.g. {example})"
+                )
 
 
 def build_nrt(
@@ -79,8 +85,13 @@ def build_nrt(
     labels: Mapping[str, str] | None = None,
     settings: NrtSettings | None = None,
     distances: DistanceModel | None = None,
+    nic_mode: str = "shared",
+    leased_nics: Iterable[str] = (),
 ) -> dict[str, object]:
-    """The NodeResourceTopology object for this host, ready to serialise as YAML or JSON."""
+    """The NodeResourceTopology object for this host, ready to serialise as YAML or JSON.
+
+    nic_mode: [alloc] nics; leased_nics: keys (`<PCI address>/<port>`) of the NIC ports
+    leases hold, counted only when nic_mode is exclusive."""
     if not node_name:
         raise ConfigError("export nrt: a node name is required (the Kubernetes Node's name)")
     check_node_name(node_name)
@@ -90,10 +101,11 @@ def build_nrt(
     unknown = sorted(leased_gpu_set - {gpu.index for gpu in topology.gpus})
     if unknown:
         raise ConfigError(f"export nrt: leased GPUs {unknown} are not on this host")
+    nic_ports = _nic_ports(topology, nic_mode, leased_nics)
     withheld = set(reserved_cpus) | set(topology.isolated_cpus)
     leased = set(leased_cpus)
     zones = [
-        _zone(topology, node, model, settings, withheld, leased, leased_gpu_set, reserved_memory or {})
+        _zone(topology, node, model, settings, withheld, leased, leased_gpu_set, reserved_memory or {}, nic_ports)
         for node in sorted(topology.numa_nodes, key=lambda n: n.id)
     ]
     policy, scope = settings.topology_manager_policy, settings.topology_manager_scope
@@ -103,6 +115,7 @@ def build_nrt(
         *([_attr(ATTR_PREFIX + "topology-manager-source", settings.topology_manager_source)]
           if settings.topology_manager_source else []),
         *_host_attributes(topology, labels or {}),
+        *_nic_host_attributes(topology, nic_ports),
     ]
     return {
         "apiVersion": API_VERSION,
@@ -140,6 +153,7 @@ def _zone(
     leased: set[int],
     leased_gpus: set[int],
     reserved_memory: Mapping[int, int],
+    nic_ports: list[_NicPort] | None = None,
 ) -> dict[str, object]:
     cpus = set(node.cpus)
     allocatable = cpus - withheld
@@ -154,6 +168,11 @@ def _zone(
     if gpus:
         free_gpus = sum(1 for gpu in gpus if gpu.index not in leased_gpus)
         resources.append(_resource(settings.gpu_resource, len(gpus), len(gpus), free_gpus))
+    ports = [port for port in nic_ports or () if port.node == node.id]
+    if ports:
+        active = [port for port in ports if port.active]
+        resources.append(_resource(settings.nic_resource, len(ports), len(active),
+                                   sum(1 for port in active if not port.leased)))
     zone: dict[str, object] = {
         "name": zone_name(node.id),
         "type": "Node",
@@ -161,9 +180,46 @@ def _zone(
         "resources": resources,
     }
     attributes = _zone_attributes(topology, node, model, gpus, withheld & cpus)
+    if ports:
+        attributes.append(_attr(ATTR_PREFIX + "rdma-nics", ",".join(port.name for port in ports)))
     if attributes:
         zone["attributes"] = attributes
     return zone
+
+
+@dataclass(frozen=True, slots=True)
+class _NicPort:
+    name: str  # mlx5_0:1
+    node: int | None
+    active: bool
+    leased: bool
+
+
+def _nic_ports(topology: Topology, mode: str, leased: Iterable[str]) -> list[_NicPort]:
+    """Every RDMA port with its zone, when NICs are leased exclusively; [] otherwise (a
+    shared NIC is no countable resource, and none means topod hands out no NIC)."""
+    from topod.alloc.nics import NIC_MODES
+
+    if mode not in NIC_MODES:
+        raise ConfigError(f"export nrt: [alloc] nics {mode!r} is not one of {', '.join(NIC_MODES)}")
+    held = set(leased)
+    ports = [(f"{device.address}/{port.port}", device, port) for device in topology.devices_of_kind("rdma")
+             for port in device.rdma_ports]
+    unknown = sorted(held - {key for key, _, _ in ports})
+    if unknown:
+        raise ConfigError(f"export nrt: leased NIC ports {', '.join(unknown)} are not on this host "
+                          "(expected <PCI address>/<port> of an RDMA function)")
+    if mode != "exclusive":
+        return []
+    return [_NicPort(f"{port.device}:{port.port}", device.numa_node, port.active, key in held)
+            for key, device, port in ports]
+
+
+def _nic_host_attributes(topology: Topology, ports: list[_NicPort]) -> list[dict[str, str]]:
+    """Which ports fit no zone (no known NUMA node): said, never guessed into one."""
+    zones = {node.id for node in topology.numa_nodes}
+    homeless = [port.name for port in ports if port.node is None or port.node not in zones]
+    return [_attr(ATTR_PREFIX + "rdma-nics-without-zone", ",".join(homeless))] if homeless else []
 
 
 _BINARY_SUFFIXES = ("Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
