@@ -63,7 +63,7 @@ def test_leased_nics_lower_available_in_their_zone_only(h800, validator):
 
 @pytest.mark.parametrize("mode", ["shared", "none"])
 def test_shared_or_no_nics_publish_no_nic_resource(h800, validator, mode):
-    obj = build_nrt(h800, "node-a", nic_mode=mode, leased_nics=["0000:14:00.0/1"])
+    obj = build_nrt(h800, "node-a", nic_mode=mode, leased_nics=["0000:14:00.0/1", "0000:99:00.0/1"])
     assert _nics(obj) == [None, None]
     assert not any(_zone_attr(z, "topod.io/rdma-nics") for z in obj["zones"])
     assert [e.message for e in validator.iter_errors(obj)] == []
@@ -96,7 +96,7 @@ def test_a_host_without_rdma_nics_has_no_nic_resource(readonly_host):
 
 @pytest.mark.parametrize(("kwargs", "fragment"), [
     ({"nic_mode": "exclusive", "leased_nics": ["0000:99:00.0/1"]}, "leased NIC ports 0000:99:00.0/1 are not on"),
-    ({"nic_mode": "shared", "leased_nics": ["mlx5_0"]}, "leased NIC ports mlx5_0 are not on"),
+    ({"nic_mode": "exclusive", "leased_nics": ["mlx5_0"]}, "leased NIC ports mlx5_0 are not on"),
     ({"nic_mode": "private"}, "[alloc] nics 'private' is not one of exclusive, shared, none"),
 ])
 def test_bad_nic_input_is_a_clear_error(h800, kwargs, fragment):

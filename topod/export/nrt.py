@@ -202,6 +202,8 @@ def _nic_ports(topology: Topology, mode: str, leased: Iterable[str]) -> list[_Ni
 
     if mode not in NIC_MODES:
         raise ConfigError(f"export nrt: [alloc] nics {mode!r} is not one of {', '.join(NIC_MODES)}")
+    if mode != "exclusive":
+        return []  # shared leases' NICs count for nothing here, known or not
     held = set(leased)
     ports = [(f"{device.address}/{port.port}", device, port) for device in topology.devices_of_kind("rdma")
              for port in device.rdma_ports]
@@ -209,8 +211,6 @@ def _nic_ports(topology: Topology, mode: str, leased: Iterable[str]) -> list[_Ni
     if unknown:
         raise ConfigError(f"export nrt: leased NIC ports {', '.join(unknown)} are not on this host "
                           "(expected <PCI address>/<port> of an RDMA function)")
-    if mode != "exclusive":
-        return []
     return [_NicPort(f"{port.device}:{port.port}", device.numa_node, port.active, key in held)
             for key, device, port in ports]
 
