@@ -39,7 +39,9 @@ def files(tmp_path):
 
 
 def _lease(files: NcclFiles, uid: int) -> SimpleNamespace:
-    lease = SimpleNamespace(id="a1b2c3", gpus=(0, 1), cpus=(1, 2), owner_uid=uid, owner_gid=uid, environment={})
+    no_nics = SimpleNamespace(nics=())
+    lease = SimpleNamespace(id="a1b2c3", gpus=(0, 1), cpus=(1, 2), owner_uid=uid, owner_gid=uid, environment={},
+                            decision=SimpleNamespace(placements=(no_nics, no_nics)))
     lease.environment = files.lease_environment(lease)
     return lease
 
