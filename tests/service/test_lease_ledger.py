@@ -388,3 +388,26 @@ def test_a_fault_granting_a_waiter_fails_that_waiter_not_the_releasing_client(le
     assert released.state == "active" and store.get(released.id) is None
     assert isinstance(outcome, Exception) and "index 3" in str(outcome)
     assert service.waiters == []
+
+
+def test_a_confirmation_sets_one_field_on_disk_and_in_memory(ledger):
+    service, store = ledger()
+
+    async def scenario():
+        lease = await service.allocate({"gpus": 1, "level": "any", "job": "j"}, ROOT)
+        before = store.json_of(store.get(lease.id))
+        service.answered(lease, delivered=True)
+        await asyncio.sleep(0.05)
+        return lease, before
+
+    lease, before = asyncio.run(scenario())
+    store.flush()
+    (row,) = store._db.execute("SELECT body FROM leases WHERE id = ?", (lease.id,)).fetchone()
+    import json
+
+    on_disk = json.loads(row)
+    assert on_disk["confirmed"] is True and before["confirmed"] is False
+    assert {k: v for k, v in on_disk.items() if k != "confirmed"} == {k: v for k, v in before.items()
+                                                                       if k != "confirmed"}
+    assert store.get(lease.id).confirmed is True and store.json_of(store.get(lease.id))["confirmed"] is True
+    assert store.answer_text(store.get(lease.id)) is not None

@@ -30,7 +30,7 @@ import sqlite3
 import stat
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -288,6 +288,23 @@ class LeaseStore:
         stored, answer = _encode(body)
         self._json[lease.id] = (lease, body, answer)
         return self._queue([("UPDATE leases SET body = ? WHERE id = ?", (stored, lease.id))], undo)
+
+    def confirm(self, lease_id: str) -> asyncio.Future | None:
+        """Mark a lease confirmed (its answer was written): one field, set in the row by
+        SQLite itself, so the lease is not encoded again on the event loop for it (the
+        next read encodes the new version once)."""
+        previous = self._cache.get(lease_id)
+        if previous is None or previous.confirmed:
+            return None
+        lease = replace(previous, confirmed=True)
+        self._cache[lease_id] = lease
+
+        def undo() -> None:
+            if self._cache.get(lease_id) is lease:
+                self._cache[lease_id] = previous
+
+        return self._queue([("UPDATE leases SET body = json_set(body, '$.confirmed', json('true')) WHERE id = ?",
+                             (lease_id,))], undo)
 
     def remove(self, lease_id: str) -> tuple[Lease, asyncio.Future | None] | None:
         """The lease leaves the mirror at once (no one can end it twice), but its GPUs and

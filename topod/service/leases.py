@@ -341,9 +341,8 @@ class LeaseService:
         if not delivered:
             self._take_back(lease, "the answer could not be delivered (client gone)")
             return
-        current = self.store.get(lease.id)
-        if current is not None and not current.confirmed:
-            self._update(replace(current, confirmed=True))
+        commit = self.store.confirm(lease.id)
+        self._after(commit, None, lambda exc: log.error("lease_not_stored", lease=lease.id, error=str(exc)))
 
     async def _wait(self, request, service: ServiceRequest, caller: Caller, connected: Callable[[], bool]) -> Lease:
         if len(self.waiters) >= int(self.settings.get("max_queue", 256)):
