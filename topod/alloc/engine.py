@@ -55,7 +55,7 @@ from topod.alloc.cores import (CoreMap, assign_auto, assign_cpus, auto_capacity,
 from topod.alloc.errors import (InsufficientCpusError, InsufficientGpusError, InvalidRequestError,
                                 LevelUnreachableError, UnknownGpuError)
 from topod.alloc.estimate import weakest
-from topod.alloc.hostview import DELTA_NODE, Census, HostView, best_set_census, host_view
+from topod.alloc.hostview import DELTA_NODE, Census, HostView, best_set_census, fresh_view, host_view
 from topod.alloc.nics import pair_nics, tie_break_terms
 from topod.alloc.policy import PolicySettings, backpressure_penalty, packing_scale, topology_weight
 from topod.alloc.request import Decision, FreeState, Performance, Placement, Request
@@ -165,15 +165,20 @@ def allocate(topology: Topology, distances: DistanceModel, state: FreeState, req
 
 
 def prepare(topology: Topology, distances: DistanceModel, state: FreeState | None = None,
-            policy: PolicySettings = DEFAULT_POLICY, sizes: range | list[int] | None = None) -> HostView:
+            policy: PolicySettings = DEFAULT_POLICY, sizes: range | list[int] | None = None, *,
+            fresh: bool = False) -> HostView:
     """What the first decision of each size would compute, computed now (the daemon calls
     this when the topology changes): the host view, the census, core map, auto share and
     per size the good-node limit, the reference set (best cost) and the level floors, all
     for unfiltered requests. A first decision then costs what a warm one does. Sizes by
     default: 1-16 and every power of two up to the host's GPUs, and all of them (on 64
     GPUs the other sizes' references take ~1 s together, 30-60 ms each for 36-44 GPUs;
-    the first request of such a size computes its own)."""
-    view = host_view(topology, distances)
+    the first request of such a size computes its own).
+
+    fresh=True builds a view of its own, not memoised on the model, and fills that: the
+    daemon runs this in a worker thread and hands the result to hostview.install_view on
+    its loop, so a decision made meanwhile never sees a half-filled cache."""
+    view = fresh_view(topology, distances) if fresh else host_view(topology, distances)
     if view.n == 0:
         return view
     state = state or FreeState()

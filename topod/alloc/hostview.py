@@ -68,6 +68,25 @@ def host_view(topology: Topology, distances: DistanceModel) -> HostView:
     return view
 
 
+def fresh_view(topology: Topology, distances: DistanceModel) -> HostView:
+    """A view of its own, not memoised on the model: engine.prepare fills one in a worker
+    thread while decisions on the loop go on using (or building) the memoised one."""
+    return _build(topology, distances)
+
+
+def install_view(view: HostView) -> None:
+    """Make a view filled apart (fresh_view, then engine.prepare) the one decisions use.
+    Call it on the thread that makes decisions, never concurrently with one. What a
+    decision cached meanwhile in the model's own view of the same topology is kept where
+    the prepared view has nothing for that key."""
+    memo = view.distances.memo
+    old = memo.get("host_view")
+    if old is not None and old.topology is view.topology:
+        for key, value in old.cache.items():
+            view.cache.setdefault(key, value)
+    memo["host_view"] = view
+
+
 def _build(topology: Topology, distances: DistanceModel) -> HostView:
     gpus = tuple(topology.gpus)
     n = len(gpus)

@@ -344,12 +344,25 @@ class Daemon:
                 self.irq.hardware_changed()
             if self.probe is not None:
                 self.probe.hardware_changed()
-            self.alloc.warm_up()
-            freeze_long_lived("hardware changed")
+            self._warm_up_soon("hardware changed")
         elif kind == "calibration" and self.irq is not None:
             self.irq.hardware_changed()  # a device's node moved: its IRQs' candidates did too
         if kind in ("hardware", "calibration"):
             self._exports_due.set()
+
+    def _warm_up_soon(self, reason: str) -> None:
+        """The engine's per-size references for the new topology, computed in a worker
+        thread (LeaseService.warm_up) by a task the daemon's task group owns; before run
+        has one, run warms up itself."""
+        if self._tasks is not None:
+            self._tasks.create_task(self._warm_up(reason), name="topod-warm-up")
+
+    async def _warm_up(self, reason: str) -> None:
+        try:
+            if await self.alloc.warm_up():
+                freeze_long_lived(reason)
+        except Exception as exc:  # noqa: BLE001 - a decision computes its own view; the daemon goes on
+            log.error("warm_up_failed", reason=reason, error=repr(exc))
 
     # -- running ------------------------------------------------------------------
     async def run(self, listen: socket.socket | None = None) -> None:
@@ -376,7 +389,7 @@ class Daemon:
                  reclaimed=reclaimed, gpus=len(self.state.topology.gpus), warnings=len(self.state.topology.warnings))
         log.info("host_access", summary=self.access_summary(), enforcement=self.enforcement.mode,
                  enforcement_reason=self.enforcement.reason)
-        self.alloc.warm_up()
+        await self.alloc.warm_up()  # in a worker thread: requests are answered meanwhile
         freeze_long_lived("start")
         try:
             async with asyncio.TaskGroup() as tasks:
