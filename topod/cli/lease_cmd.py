@@ -138,6 +138,89 @@ def run_reload(args) -> int:
     return 0
 
 
+def _gpu_numbers(client, gpus: list[int]) -> tuple[int, ...]:
+    """N of each leased GPU's /dev/nvidiaN: the daemon's device minor, else the index."""
+    try:
+        minors = {g["index"]: g.get("minor") for g in client.topology().get("gpus", [])}
+    except Exception:  # noqa: BLE001 - the index is the model's own fallback (Gpu.device_number)
+        minors = {}
+    return tuple(minors.get(i) if minors.get(i) is not None else i for i in gpus)
+
+
+def _enclose(client, lease: dict, pid: int, cpus: list[int] | None, nodes: list[int]) -> dict:
+    """Put `pid` in the lease's transient scope (topod.scope) where systemd answers on the
+    system bus; what holds the lease, never more than was done: cgroup only when the scope
+    was created on a host whose cgroups enforce its AllowedCPUs=."""
+    from topod.cpulist import format_cpulist
+    from topod.enforce import host_enforcement, lease_mode
+    from topod.host import HostRoot
+    from topod.scope import ScopeError, ScopeSpec, control_nodes, device_allow, start_scope
+
+    live = HostRoot("/")
+    host = host_enforcement(live)
+    spec = ScopeSpec(lease_id=lease["id"], pid=pid, cpus=tuple(cpus or ()), memory_nodes=tuple(nodes),
+                     gpu_numbers=_gpu_numbers(client, list(lease.get("gpus", []))),
+                     controls=tuple(control_nodes(live)), job=lease.get("job"))
+    scope = {"unit": spec.name, "created": False, "reason": None,
+             "AllowedCPUs": format_cpulist(spec.cpus) if spec.cpus else None,
+             "AllowedMemoryNodes": format_cpulist(spec.memory_nodes) if spec.memory_nodes else None,
+             "DevicePolicy": "closed",
+             "DeviceAllow": [f"{path} {access}" for path, access in device_allow(spec.gpu_numbers, spec.controls)]}
+    try:
+        start_scope(spec)
+        scope["created"] = True
+    except ScopeError as exc:
+        scope["reason"] = str(exc)
+    mode = lease_mode(host.mode, bool(cpus))
+    if scope["created"] and host.mode == "cgroup" and cpus:
+        mode = "cgroup"
+    if not scope["created"]:
+        reason = (f"no systemd scope ({scope['reason']}); CPUs held by sched_setaffinity only (the job may undo "
+                  "it), GPUs by CUDA_VISIBLE_DEVICES only")
+    elif mode != "cgroup":
+        reason = (f"runs in {spec.name}, but its AllowedCPUs=/AllowedMemoryNodes= are only recorded here "
+                  f"({host.reason})")
+    else:
+        reason = f"runs in {spec.name}: cgroup v2 cpuset holds its CPUs and memory nodes"
+    return {"lease": lease["id"], "gpus": lease.get("gpus", []), "enforcement": mode, "reason": reason,
+            "host_enforcement": host.mode, "scope": scope}
+
+
+def _child(go: int, command: list[str], env: dict, pin) -> None:
+    """In the forked child: wait until the parent has put this process in its scope (or
+    given up on one), pin, exec. Never returns; EOF (the parent died) runs nothing."""
+    code = 127
+    try:
+        if os.read(go, 1) != b"g":
+            os._exit(125)
+        os.close(go)
+        pin()
+        os.execvpe(command[0], command, env)
+    except FileNotFoundError:
+        os.write(2, f"topoctl run: {command[0]}: command not found\n".encode())
+    except OSError as exc:
+        os.write(2, f"topoctl run: {command[0]}: {exc.strerror}\n".encode())
+        code = 126
+    except BaseException:  # noqa: BLE001 - nothing may unwind into the parent's code
+        code = 125
+    os._exit(code)
+
+
+def _wait(pid: int) -> int:
+    """The child's exit code (-N for signal N); a second Ctrl-C kills it (the first
+    reached it too, as the foreground process group)."""
+    import signal
+
+    interrupted = False
+    while True:
+        try:
+            return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        except KeyboardInterrupt:
+            if interrupted:
+                os.kill(pid, signal.SIGKILL)
+            interrupted = True
+
+
 def run_run(args) -> int:
     from topod.cpulist import parse_cpulist
     from topod.membind import bind_memory
@@ -173,15 +256,41 @@ def run_run(args) -> int:
             except OSError as exc:
                 os.write(2, f"topoctl run: WARNING: memory not bound: {exc}\n".encode())
 
-    import subprocess
-
+    # The child waits on `go` until it is in the lease's scope: nothing of the command runs
+    # outside it. Pinning follows the move (a cpuset move resets affinity on older kernels).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    go_read, go_write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(go_write)
+        _child(go_read, command, env, pin)
+    os.close(go_read)
+    outcome: dict | None = None
+    code: int | None = None
     try:
-        completed = subprocess.run(command, env=env, preexec_fn=pin)  # noqa: PLW1509 - pinning must precede exec
-        code = completed.returncode
-    except FileNotFoundError:
-        print(f"topoctl run: {command[0]}: command not found", file=sys.stderr)
-        code = 127
+        outcome = _enclose(client, lease, pid, cpus, nodes)
+        if outcome["enforcement"] != "cgroup":
+            print(f"topoctl run: lease {lease['id']} enforcement {outcome['enforcement']}: {outcome['reason']}",
+                  file=sys.stderr, flush=True)
+        if getattr(args, "json", False):
+            print(json.dumps(outcome), flush=True)
+        os.write(go_write, b"g")
+        os.close(go_write)
+        go_write = -1
+        code = _wait(pid)
     finally:
+        if go_write >= 0:  # never told to go: it exits 125 at EOF, unrun
+            os.close(go_write)
+            if code is None:
+                _wait(pid)
+        if outcome is not None and outcome["scope"]["created"]:
+            from topod.scope import ScopeError, stop_scope
+
+            try:  # what the command left running in the scope ends with the lease
+                stop_scope(outcome["scope"]["unit"])
+            except ScopeError as exc:
+                print(f"topoctl run: could not stop {outcome['scope']['unit']}: {exc}", file=sys.stderr)
         try:
             client.release(lease["id"])
         except Exception:  # noqa: BLE001 - owner_pid reclaims it when we exit anyway

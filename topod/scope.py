@@ -1,0 +1,199 @@
+"""A transient systemd scope per lease: `topod-lease-<id>.scope`.
+
+`topoctl run` forks the job, asks systemd (org.freedesktop.systemd1.Manager.
+StartTransientUnit on the system bus, mode "fail") to start a scope holding the job's pid
+with the lease's CPUs (AllowedCPUs=), memory nodes (AllowedMemoryNodes=) and GPUs
+(DevicePolicy=closed + DeviceAllow= for the leased /dev/nvidiaN and the NVIDIA control
+nodes present), waits for the start job to finish, and only then lets the job exec. What
+systemd can enforce with those properties depends on the host (topod.enforce): with cgroup
+v2 and cpuset, the CPUs and memory nodes; on hybrid or v1 hosts they are recorded on the
+unit and have no effect.
+
+Two halves: the properties are built by pure functions (`scope_properties`, tested
+without a bus), and the bus I/O (`start_scope`, `stop_scope`) is the only D-Bus client in
+topod, through jeepney (pure Python, no libdbus or GLib; README says why).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from topod.errors import TopodError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from topod.host import HostRoot
+
+SCOPE_PREFIX = "topod-lease-"
+CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")  # under /dev, when present
+CAPS_DIR = "nvidia-caps"  # /dev/nvidia-caps/*: MIG and other capability nodes
+DEVICE_ACCESS = "rw"
+SYSTEMD = "org.freedesktop.systemd1"
+MANAGER_PATH = "/org/freedesktop/systemd1"
+MANAGER = "org.freedesktop.systemd1.Manager"
+BUS_TIMEOUT_SECONDS = 10.0
+_UNIT_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789:_.-")
+
+
+class ScopeError(TopodError):
+    """No scope: the reason says why (no system bus, no systemd on it, refused, failed)."""
+
+    code = "scope_unavailable"
+
+
+# --- pure: names and properties ------------------------------------------------------
+
+def unit_name(lease_id: str) -> str:
+    """topod-lease-<id>.scope; characters a unit name may not hold are escaped as
+    systemd-escape does (\\xNN), so any id gives one valid, distinct name."""
+    escaped = "".join(c if c in _UNIT_CHARS else "".join(f"\\x{b:02x}" for b in c.encode()) for c in lease_id)
+    return f"{SCOPE_PREFIX}{escaped}.scope"
+
+
+def bitmask(ids: Iterable[int]) -> bytes:
+    """CPU or NUMA node ids as systemd's AllowedCPUs=/AllowedMemoryNodes= D-Bus value (ay):
+    id n is bit n % 8 of byte n // 8 (least significant bit first); no trailing zero bytes."""
+    ids = sorted(set(ids))
+    if ids and ids[0] < 0:
+        raise ValueError(f"negative CPU or node id {ids[0]}")
+    mask = bytearray(ids[-1] // 8 + 1 if ids else 0)
+    for n in ids:
+        mask[n // 8] |= 1 << (n % 8)
+    return bytes(mask)
+
+
+def control_nodes(host: HostRoot) -> list[str]:
+    """The NVIDIA control nodes this host has, as /dev paths: nvidiactl, nvidia-uvm,
+    nvidia-uvm-tools, nvidia-caps/* (read through the host root; absent ones are left out)."""
+    nodes = [f"/dev/{name}" for name in CONTROL_NODES if host.exists(f"dev/{name}")]
+    nodes += [f"/dev/{CAPS_DIR}/{name}" for name in host.listdir(f"dev/{CAPS_DIR}")]
+    return nodes
+
+
+def device_allow(gpu_numbers: Iterable[int], controls: Sequence[str]) -> list[tuple[str, str]]:
+    """DeviceAllow= entries (a(ss)): each leased GPU's /dev/nvidiaN, then the control nodes."""
+    gpus = [f"/dev/nvidia{n}" for n in sorted(set(gpu_numbers))]
+    return [(path, DEVICE_ACCESS) for path in gpus + [c for c in controls if c not in gpus]]
+
+
+@dataclass(frozen=True, slots=True)
+class ScopeSpec:
+    lease_id: str
+    pid: int
+    cpus: tuple[int, ...]
+    memory_nodes: tuple[int, ...]
+    gpu_numbers: tuple[int, ...]  # N of each leased /dev/nvidiaN
+    controls: tuple[str, ...]  # control node paths present on this host
+    job: str | None = None
+
+    @property
+    def name(self) -> str:
+        return unit_name(self.lease_id)
+
+
+def scope_properties(spec: ScopeSpec) -> list[tuple[str, tuple[str, object]]]:
+    """StartTransientUnit's a(sv) properties, each value as (D-Bus signature, value).
+    No AllowedCPUs=/AllowedMemoryNodes= when the lease has none (an empty mask means "no
+    restriction" to systemd, never "nothing")."""
+    description = f"topod lease {spec.lease_id}" + (f" ({spec.job})" if spec.job else "")
+    props: list[tuple[str, tuple[str, object]]] = [
+        ("Description", ("s", description)),
+        ("PIDs", ("au", [spec.pid])),
+        ("CollectMode", ("s", "inactive-or-failed")),
+    ]
+    if spec.cpus:
+        props.append(("AllowedCPUs", ("ay", bitmask(spec.cpus))))
+    if spec.memory_nodes:
+        props.append(("AllowedMemoryNodes", ("ay", bitmask(spec.memory_nodes))))
+    props.append(("DevicePolicy", ("s", "closed")))
+    props.append(("DeviceAllow", ("a(ss)", device_allow(spec.gpu_numbers, spec.controls))))
+    return props
+
+
+# --- bus I/O (jeepney): the only D-Bus client --------------------------------------------
+
+def _connect():
+    try:
+        from jeepney.io.blocking import open_dbus_connection
+    except ImportError as exc:  # a broken install: the dependency is declared
+        raise ScopeError(f"the D-Bus client (jeepney) is not installed: {exc}") from exc
+    try:
+        return open_dbus_connection(bus="SYSTEM", auth_timeout=2.0)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ScopeError(f"no system bus to reach systemd ({exc.__class__.__name__}: {exc})") from exc
+
+
+def _explain(exc: Exception) -> str:
+    name = getattr(exc, "name", None)
+    data = getattr(exc, "data", None)
+    text = data[0] if isinstance(data, tuple) and data and isinstance(data[0], str) else str(exc)
+    if name in ("org.freedesktop.DBus.Error.ServiceUnknown", "org.freedesktop.DBus.Error.NameHasNoOwner"):
+        return f"systemd is not on the system bus ({text})"
+    if name in ("org.freedesktop.DBus.Error.AccessDenied", "org.freedesktop.DBus.Error.InteractiveAuthorizationRequired"):
+        return f"systemd refused to start a unit for this user ({text}); run as root or allow it by polkit"
+    return f"systemd refused the scope: {name or exc.__class__.__name__}: {text}"
+
+
+def _call(conn, method: str, signature: str | None = None, body: tuple = (), timeout: float = BUS_TIMEOUT_SECONDS):
+    from jeepney import DBusAddress, new_method_call
+    from jeepney.wrappers import DBusErrorResponse, unwrap_msg
+
+    address = DBusAddress(MANAGER_PATH, bus_name=SYSTEMD, interface=MANAGER)
+    try:
+        return unwrap_msg(conn.send_and_get_reply(new_method_call(address, method, signature, body), timeout=timeout))
+    except DBusErrorResponse as exc:
+        raise ScopeError(_explain(exc)) from exc
+    except (OSError, TimeoutError) as exc:
+        raise ScopeError(f"systemd did not answer {method} ({exc.__class__.__name__}: {exc})") from exc
+
+
+def _run_job(method: str, signature: str, body: tuple, timeout: float) -> str:
+    """Call a Manager method that queues a job and wait for the job's JobRemoved signal:
+    the job's result (done, failed, canceled, timeout, dependency, skipped)."""
+    from jeepney import MatchRule, message_bus
+    from jeepney.wrappers import unwrap_msg
+
+    rule = MatchRule(type="signal", sender=SYSTEMD, interface=MANAGER, member="JobRemoved", path=MANAGER_PATH)
+    deadline = time.monotonic() + timeout
+    with _connect() as conn:
+        try:
+            unwrap_msg(conn.send_and_get_reply(message_bus.AddMatch(rule), timeout=timeout))
+        except Exception as exc:  # noqa: BLE001 - any failure here is "no usable bus"
+            raise ScopeError(f"the system bus refused a signal match ({exc})") from exc
+        with conn.filter(rule, bufsize=64) as queue:
+            job = _call(conn, method, signature, body, timeout)[0]
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ScopeError(f"systemd did not finish the {method} job {job} within {timeout:.0f} s")
+                try:
+                    signal = conn.recv_until_filtered(queue, timeout=left)
+                except (OSError, TimeoutError) as exc:
+                    raise ScopeError(f"no word from systemd on the {method} job {job} ({exc})") from exc
+                _id, path, _unit, result = signal.body
+                if path == job:
+                    return result
+
+
+def start_scope(spec: ScopeSpec, timeout: float = BUS_TIMEOUT_SECONDS) -> str:
+    """Start the lease's scope with spec.pid in it; returns the unit name once systemd's
+    start job is done (the pid is in the scope's cgroup by then). ScopeError otherwise."""
+    body = (spec.name, "fail", scope_properties(spec), [])
+    result = _run_job("StartTransientUnit", "ssa(sv)a(sa(sv))", body, timeout)
+    if result != "done":
+        raise ScopeError(f"systemd's start job for {spec.name} ended '{result}' (journalctl -u {spec.name})")
+    return spec.name
+
+
+def stop_scope(name: str, timeout: float = BUS_TIMEOUT_SECONDS) -> bool:
+    """Stop a scope (SIGTERM to what is left in it, then its TimeoutStopSec); False when
+    there was no such unit loaded (already gone). ScopeError when systemd refused."""
+    try:
+        result = _run_job("StopUnit", "ss", (name, "replace"), timeout)
+    except ScopeError as exc:
+        if "NoSuchUnit" in str(exc):
+            return False
+        raise
+    return result == "done"
