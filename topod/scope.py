@@ -155,14 +155,18 @@ def _run_job(method: str, signature: str, body: tuple, timeout: float) -> str:
     from jeepney import MatchRule, message_bus
     from jeepney.wrappers import unwrap_msg
 
-    rule = MatchRule(type="signal", sender=SYSTEMD, interface=MANAGER, member="JobRemoved", path=MANAGER_PATH)
+    # The bus matches a sender by its well-known name; signals arrive carrying systemd's
+    # unique name, so the local filter matches on path, interface and member only.
+    bus_rule = MatchRule(type="signal", sender=SYSTEMD, interface=MANAGER, member="JobRemoved", path=MANAGER_PATH)
+    rule = MatchRule(type="signal", interface=MANAGER, member="JobRemoved", path=MANAGER_PATH)
     deadline = time.monotonic() + timeout
     with _connect() as conn:
         try:
-            unwrap_msg(conn.send_and_get_reply(message_bus.AddMatch(rule), timeout=timeout))
+            unwrap_msg(conn.send_and_get_reply(message_bus.AddMatch(bus_rule), timeout=timeout))
         except Exception as exc:  # noqa: BLE001 - any failure here is "no usable bus"
             raise ScopeError(f"the system bus refused a signal match ({exc})") from exc
         with conn.filter(rule, bufsize=64) as queue:
+            _call(conn, "Subscribe", timeout=timeout)  # signals to this client (systemd sends none to nobody)
             job = _call(conn, method, signature, body, timeout)[0]
             while True:
                 left = deadline - time.monotonic()
@@ -171,7 +175,8 @@ def _run_job(method: str, signature: str, body: tuple, timeout: float) -> str:
                 try:
                     signal = conn.recv_until_filtered(queue, timeout=left)
                 except (OSError, TimeoutError) as exc:
-                    raise ScopeError(f"no word from systemd on the {method} job {job} ({exc})") from exc
+                    raise ScopeError(f"no word from systemd on the {method} job {job} "
+                                     f"({exc.__class__.__name__}: {exc})") from exc
                 _id, path, _unit, result = signal.body
                 if path == job:
                     return result
