@@ -359,10 +359,11 @@ class Daemon:
 
     async def _warm_up(self, reason: str) -> None:
         try:
-            if await self.alloc.warm_up():
-                freeze_long_lived(reason)
+            if not await self.alloc.warm_up():
+                return  # a newer change warms up (and freezes) after this one
         except Exception as exc:  # noqa: BLE001 - a decision computes its own view; the daemon goes on
             log.error("warm_up_failed", reason=reason, error=repr(exc))
+        freeze_long_lived(reason)
 
     # -- running ------------------------------------------------------------------
     async def run(self, listen: socket.socket | None = None) -> None:
@@ -389,13 +390,13 @@ class Daemon:
                  reclaimed=reclaimed, gpus=len(self.state.topology.gpus), warnings=len(self.state.topology.warnings))
         log.info("host_access", summary=self.access_summary(), enforcement=self.enforcement.mode,
                  enforcement_reason=self.enforcement.reason)
-        await self.alloc.warm_up()  # in a worker thread: requests are answered meanwhile
-        freeze_long_lived("start")
         try:
             async with asyncio.TaskGroup() as tasks:
                 self._tasks = tasks
                 loop.add_signal_handler(signal.SIGHUP, lambda: tasks.create_task(self._reload_safely()))
                 self._reconcile_loops(None)
+                # the engine's references in a worker thread: READY=1 and requests meanwhile
+                self._warm_up_soon("start")
                 tasks.create_task(self._watchdog())
                 self.notifier.ready()
                 self.notifier.status(self.status_line())
