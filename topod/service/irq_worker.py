@@ -16,20 +16,23 @@ ended); only a replacement that dies too fails the call (the supervised loop rep
 
 from __future__ import annotations
 
-import asyncio
 import pickle
 import signal
 import struct
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO
-
-import structlog
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from topod.model import Topology
 
-log = structlog.get_logger("topod")
+if TYPE_CHECKING:
+    import asyncio
+
+# The child imports this module (what it pickles, Outcome, must name it) and the IRQ
+# pipeline, nothing else: asyncio and structlog (which brings rich when installed) are
+# the daemon side's and imported there, inside its functions. That kept ~10 MiB and
+# ~0.3 s of start-up out of the worker (bench/footprint.py).
 FRAME = struct.Struct("!I")
 STOP_SECONDS = 5.0
 
@@ -131,8 +134,16 @@ def child_main() -> int:
 
 
 # -- the daemon's side -------------------------------------------------------------------
+def _log():  # noqa: ANN202 - a structlog logger
+    import structlog
+
+    return structlog.get_logger("topod")
+
+
 async def _reap(process: asyncio.subprocess.Process) -> None:
     """A worker whose pipe broke: wait for its end (killing it if it lingers)."""
+    import asyncio
+
     try:
         async with asyncio.timeout(1.0):
             await process.wait()
@@ -155,11 +166,13 @@ class IrqWorker:
         self.starts = 0
 
     async def _ensure(self) -> asyncio.subprocess.Process:
+        import asyncio
+
         previous = self._process
         if previous is not None:
             if previous.returncode is None:
                 return previous
-            log.warning("irq_worker_replaced", pid=previous.pid, exit=_exit_text(previous.returncode),
+            _log().warning("irq_worker_replaced", pid=previous.pid, exit=_exit_text(previous.returncode),
                         reason="the IRQ worker process ended; a new one is sent the topology before it plans")
         self._process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "topod.service.irq_worker", stdin=asyncio.subprocess.PIPE,
@@ -177,6 +190,8 @@ class IrqWorker:
     async def _call(self, request: Callable[[], tuple]) -> Any:
         """`request` is built after the worker is known to run, so that what it carries
         (the topology, or None when this worker already has it) matches that worker."""
+        import asyncio
+
         for attempt in (1, 2):
             process = await self._ensure()
             try:
@@ -219,6 +234,8 @@ class IrqWorker:
         process, self._process = self._process, None
         if process is None or process.returncode is not None:
             return
+        import asyncio
+
         process.stdin.close()
         try:
             async with asyncio.timeout(STOP_SECONDS):

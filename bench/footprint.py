@@ -1,0 +1,136 @@
+"""Footprint (issue 26): the idle daemon as a user starts it (its own defaults, only
+--root/--socket/--state-dir, on the seed h800-8gpu host) and the whole-process
+`topoctl topo --json` against the interpreter's floor.
+
+- memory: PSS (/proc/PID/smaps_rollup) of the daemon and its IRQ worker, and their sum
+  (goal <= 40 MiB together);
+- idle CPU: both processes' CPU time over IDLE_SECONDS after start-up settled, as a share
+  of one core (goal <= 0.1 %), and each process's part;
+- `topoctl topo --json` on every real tree of tests/data/hosts, bytecode cached (as an
+  install runs it), interleaved with `python -I -c 'import json'`: medians and their ratio
+  (goal <= 1.5x on every tree).
+One line per figure, with the load average.
+
+    python bench/footprint.py [--idle-seconds 30] [--runs 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from api import child_pids, process_cpu, wait_ready  # noqa: E402  (bench/api.py)
+
+CORPUS = REPO / "tests" / "data" / "hosts"
+
+
+def pss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no Pss in /proc/{pid}/smaps_rollup")
+
+
+def load() -> str:
+    return "load average {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
+
+
+def idle_daemon(root: Path, work: Path, idle_seconds: float, env: dict) -> None:
+    sock = str(work / "idle.sock")
+    daemon = subprocess.Popen([sys.executable, "-m", "topod.service.main", "--root", str(root), "--socket", sock,
+                               "--state-dir", str(work / "state-idle")], stderr=subprocess.DEVNULL, env=env)
+    try:
+        wait_ready(sock)
+        time.sleep(8.0)  # start-up work (discovery, first IRQ cycle, probe) is not idle
+        pids = {"daemon": daemon.pid}
+        for pid in child_pids(daemon.pid):
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+            pids["IRQ worker" if b"irq_worker" in command else f"child {pid}"] = pid
+        before = {name: process_cpu(pid) for name, pid in pids.items()}
+        started = time.monotonic()
+        time.sleep(idle_seconds)
+        elapsed = time.monotonic() - started
+        shares = {name: (process_cpu(pid) - before[name]) / elapsed for name, pid in pids.items()}
+        memory = {name: pss_mib(pid) for name, pid in pids.items()}
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(timeout=30)
+    parts = ", ".join(f"{name} {mib:.1f}" for name, mib in memory.items())
+    print(f"memory PSS: daemon + IRQ worker {sum(memory.values()):.1f} MiB ({parts}) (goal <= 40 MiB); {load()}")
+    parts = ", ".join(f"{name} {share:.3%}" for name, share in shares.items())
+    print(f"idle CPU over {elapsed:.0f} s: {sum(shares.values()):.3%} of a core ({parts}) (goal <= 0.1 %); {load()}")
+
+
+def real_trees(work: Path) -> list[tuple[str, Path]]:
+    trees = []
+    for archive in sorted(CORPUS.glob("*.tar.bz2")):
+        name = archive.name.removesuffix(".tar.bz2")
+        target = work / "trees" / name
+        target.mkdir(parents=True)
+        with tarfile.open(archive) as tar:
+            tar.extractall(target, filter="fully_trusted")
+        entries = list(target.iterdir())
+        trees.append((name, entries[0] if len(entries) == 1 and entries[0].is_dir() else target))
+    return trees
+
+
+def timed(command: list[str], env: dict, cwd: Path) -> float:
+    started = time.perf_counter()
+    subprocess.run(command, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+    return time.perf_counter() - started
+
+
+def topo_vs_floor(work: Path, runs: int, env: dict) -> None:
+    floor_cmd = [sys.executable, "-I", "-c", "import json"]
+    worst = 0.0
+    for name, root in real_trees(work):
+        topo_cmd = [sys.executable, "-m", "topod.cli.topoctl", "topo", "--root", str(root), "--json"]
+        for command in (topo_cmd, floor_cmd):  # compile and cache bytecode, warm the page cache
+            timed(command, env, work)
+        topo, floor = [], []
+        for _ in range(runs):  # interleaved: the machine's drift hits both alike
+            topo.append(timed(topo_cmd, env, work))
+            floor.append(timed(floor_cmd, env, work))
+        ratio = statistics.median(topo) / statistics.median(floor)
+        worst = max(worst, ratio)
+        print(f"topoctl topo --json {name}: {statistics.median(topo) * 1e3:.1f} ms, python -I -c 'import json' "
+              f"{statistics.median(floor) * 1e3:.1f} ms: {ratio:.2f}x; {load()}")
+    print(f"topoctl topo --json, worst ratio to the floor: {worst:.2f}x (goal <= 1.5x); {load()}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--idle-seconds", type=float, default=30.0)
+    parser.add_argument("--runs", type=int, default=15)
+    parser.add_argument("--skip-topo", action="store_true")
+    parser.add_argument("--skip-daemon", action="store_true")
+    args = parser.parse_args()
+    from topod.hostspec import build_host, load_builtin_spec
+
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        # bytecode cached outside the tree, as on an installed system, even where
+        # PYTHONDONTWRITEBYTECODE is set (else every start compiles every module)
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        env.update(PYTHONPYCACHEPREFIX=str(work / "pycache"), PYTHONPATH=str(REPO),
+                   TOPOD_SOCKET=str(work / "no-daemon.sock"))
+        if not args.skip_daemon:
+            idle_daemon(build_host(load_builtin_spec("h800-8gpu"), work / "seed"), work, args.idle_seconds, env)
+        if not args.skip_topo:
+            topo_vs_floor(work, args.runs, env)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+"""The IRQ worker process starts from a lean import set (issue 26): the IRQ pipeline and
+the module that names what it pickles, not the daemon's asyncio, structlog or HTTP stack
+(which cost it ~10 MiB of PSS). Run as the daemon runs it, `python -m
+topod.service.irq_worker`, sent its start frame, then stopped by closing its stdin."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+from topod.config import load_config
+from topod.service.irq_worker import FRAME
+
+REPO = Path(__file__).resolve().parents[2]
+DAEMON_ONLY = ("asyncio", "structlog", "rich", "aiohttp", "sqlite3", "topod.alloc", "topod.api")
+
+
+def test_the_irq_worker_imports_neither_asyncio_nor_structlog_nor_the_api(host_tree):
+    root = host_tree("h800-8gpu")
+    start = pickle.dumps((str(root), load_config(None).section("irq")), protocol=pickle.HIGHEST_PROTOCOL)
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "topod.service.irq_worker"],
+                          input=FRAME.pack(len(start)) + start, capture_output=True, timeout=60,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    imported = {line.split("|")[-1].strip() for line in done.stderr.decode().splitlines()
+                if line.startswith("import time:")}
+    assert "topod.irq.cycle" in imported, "the worker built its balancer"
+    heavy = sorted(name for name in imported if name.split(".")[0] in DAEMON_ONLY or name.startswith(DAEMON_ONLY))
+    assert heavy == [], f"the IRQ worker imported the daemon's modules: {heavy}"
