@@ -121,3 +121,28 @@ def test_what_the_command_leaves_in_its_scope_is_stopped_with_the_lease(tier):
                     "the leftover sleep ends with its lease's scope", timeout=5)
     assert _gone(tier, report["scope"]["unit"])
     assert all(l["id"] != report["lease"] for l in tier.leases())
+
+
+def test_a_revoked_lease_stops_its_scope_and_so_its_job(tier):
+    tier.sh(f"rm -f /tmp/run.out /tmp/run.err; systemctl reset-failed {RUN_UNIT} 2>/dev/null")
+    tier.sh(f"systemd-run --unit={RUN_UNIT} --no-block -p StandardOutput=file:/tmp/run.out "
+            "-p StandardError=file:/tmp/run.err topoctl --json run --gpus 1 --job scope-revoke -- sleep 300",
+            check=True)
+    try:
+        report = tier.wait_until(lambda: _first_json(tier.sh("cat /tmp/run.out").stdout),
+                                 "topoctl run's JSON line", timeout=30)
+        assert report["scope"]["created"] is True, report
+        unit = report["scope"]["unit"]
+        assert tier.show(unit, "ActiveState")["ActiveState"] == "active"
+        # root revokes it over the API, as an operator or a preemption's deadline would
+        tier.sh("/usr/lib/topod/bin/python -I -c 'import sys; from topod.client import Client; "
+                "Client(\"/run/topod/topod.sock\").request(\"POST\", \"/v1/leases/\" + sys.argv[1] + \"/revoke\")' "
+                f"{report['lease']}", check=True)
+        tier.wait_until(lambda: _gone(tier, unit), f"{unit} stopped by topod when its lease was revoked",
+                        timeout=20)
+        tier.wait_until(lambda: _gone(tier, f"{RUN_UNIT}.service"), "topoctl run ends with its job", timeout=20)
+        assert all(l["id"] != report["lease"] for l in tier.leases())
+        journal = tier.sh("journalctl -u topod.service -o cat --no-pager | grep lease_scope_stopped").stdout
+        assert report["lease"] in journal, journal
+    finally:
+        tier.sh(f"systemctl stop {RUN_UNIT} 2>/dev/null; systemctl reset-failed {RUN_UNIT} 2>/dev/null")

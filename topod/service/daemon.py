@@ -89,6 +89,7 @@ class Daemon:
         self.api_gate = None  # the API's ConnectionGate, set by serve()
         self.api_site = None
         self._own_connection: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        self._scopes_reachable: bool | None = None  # systemd on the system bus (None: not asked yet)
         self._gpu_addresses = {gpu.address for gpu in self.state.topology.gpus}
         self.container = detect_container(self.host)
         from topod.enforce import host_enforcement
@@ -331,6 +332,35 @@ class Daemon:
                 self.irq.leases_changed()
             if self.probe is not None:
                 self.probe.leases_changed()
+        if record["event"] == "lease_revoked" and self._tasks is not None and self._scopes_reachable is not False:
+            self._tasks.create_task(self._stop_lease_scope(str(record["lease"]), str(record.get("reason"))),
+                                    name="topod-scope-stop")
+
+    async def _stop_lease_scope(self, lease_id: str, reason: str) -> None:
+        """A revoked lease (by root, or a preemption's grace over) takes its job with it:
+        `topoctl run` put the job in topod-lease-<id>.scope, which is stopped here (SIGTERM,
+        then the scope's TimeoutStopSec). A lease without a scope, or a host without a
+        system bus, has nothing to stop; the latter is said once."""
+        from topod.scope import ScopeError, stop_scope, unit_name
+
+        name = unit_name(lease_id)
+        try:
+            stopped = await asyncio.to_thread(stop_scope, name)
+        except ScopeError as exc:
+            if "bus" in str(exc).lower():  # concurrent revokes may all get here: said once
+                if self._scopes_reachable is None:
+                    log.info("lease_scopes_unreachable", reason=str(exc),
+                             effect="revoked leases' jobs are not stopped by topod (no systemd on the system bus)")
+                self._scopes_reachable = False
+                return
+            log.warning("lease_scope_not_stopped", lease=lease_id, scope=name, error=str(exc))
+            return
+        except Exception as exc:  # noqa: BLE001 - a revoke is done; its scope is best effort, said
+            log.warning("lease_scope_not_stopped", lease=lease_id, scope=name, error=repr(exc))
+            return
+        self._scopes_reachable = True
+        if stopped:
+            self.bus.publish("lease_scope_stopped", lease=lease_id, scope=name, reason=reason)
 
     def _state_changed(self, kind: str) -> None:
         if kind == "hardware":
