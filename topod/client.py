@@ -223,6 +223,10 @@ class Client:
     def release(self, lease_id: str) -> dict:
         return self.request("DELETE", f"/v1/leases/{lease_id}")
 
+    def revoke(self, lease_id: str) -> dict:
+        """Root only: end any lease (403 permission_denied for anyone else)."""
+        return self.request("POST", f"/v1/leases/{lease_id}/revoke")
+
     def renew(self, lease_id: str, ttl_seconds: float | None = None) -> dict:
         body = {} if ttl_seconds is None else {"ttl_seconds": ttl_seconds}
         return self.request("POST", f"/v1/leases/{lease_id}/renew", body)

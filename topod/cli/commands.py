@@ -254,6 +254,11 @@ def _release(p: argparse.ArgumentParser) -> None:
     _handler(p, "topod.cli.lease_cmd:run_release")
 
 
+def _revoke(p: argparse.ArgumentParser) -> None:
+    p.add_argument("lease", help="lease id")
+    _handler(p, "topod.cli.lease_cmd:run_revoke")
+
+
 def _renew(p: argparse.ArgumentParser) -> None:
     p.add_argument("lease", help="lease id")
     p.add_argument("--ttl", type=_seconds, default=None, metavar="SECONDS", help="new ttl (default: the lease's)")
@@ -312,6 +317,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("allocate", "lease GPUs with their near cores and memory", _allocate),
     Command("release", "end a lease", _release),
     Command("renew", "extend a lease's ttl", _renew),
+    Command("revoke", "end anyone's lease (root): its job's scope is stopped too", _revoke),
     Command("leases", "list leases", _leases),
     Command("watch", "follow the daemon's events", _watch),
     Command("status", "the daemon's health", _status),

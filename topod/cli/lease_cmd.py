@@ -80,6 +80,12 @@ def run_release(args) -> int:
     return 0
 
 
+def run_revoke(args) -> int:
+    result = _client(args).revoke(args.lease)
+    print(json.dumps(result) if args.json else f"revoked {result['revoked']} (GPUs {result['gpus']})")
+    return 0
+
+
 def run_renew(args) -> int:
     lease = _client(args).renew(args.lease, args.ttl)
     print(json.dumps(lease, indent=2) if args.json else f"renewed {lease['id']} until {local_time(lease['expires'])}")
