@@ -52,6 +52,11 @@ OWN_NIC_WEIGHT = BASE_WEIGHTS["PXB"]  # a NIC this near a GPU is that GPU's own
 NO_NIC_TERM = 2.0  # the normalised term of a GPU no usable NIC serves (worse than any SYS)
 
 
+def nic_key(address: str, port: int) -> str:
+    """A NIC port's key: `<PCI address>/<port>`, stable across reboots (not the renumberable name)."""
+    return f"{address}/{port}"
+
+
 @dataclass(frozen=True, slots=True)
 class Nic:
     """One offered RDMA port."""
@@ -65,7 +70,7 @@ class Nic:
     @property
     def key(self) -> str:
         """Stable across reboots (PCI address, not the renumberable name): what exclusive counts."""
-        return f"{self.address}/{self.port}"
+        return nic_key(self.address, self.port)
 
     @property
     def hca(self) -> str:
@@ -83,7 +88,7 @@ class NicChoice:
 
     @property
     def key(self) -> str:
-        return f"{self.address}/{self.port}"
+        return nic_key(self.address, self.port)
 
     @property
     def hca(self) -> str:
@@ -111,7 +116,7 @@ def nic_ports_by_state(topology: Topology, leased: Iterable[str]) -> dict[str, i
     counts = {"free": 0, "leased": 0, "down": 0}
     for device in topology.devices_of_kind("rdma"):
         for port in device.rdma_ports:
-            key = f"{device.address}/{port.port}"
+            key = nic_key(device.address, port.port)
             counts["down" if not port.active else "leased" if key in held else "free"] += 1
     return counts
 

@@ -104,7 +104,7 @@ def _rank(level: str) -> float:
 
 
 def _hca(nics: list[Nic]) -> str:
-    return ",".join(f"{nic.name}:{nic.port}" for nic in nics)
+    return ",".join(nic.hca for nic in nics)
 
 
 def check_nics(job: Job, ctx: HostContext, model: DistanceModel | None = None) -> tuple[str, list[Finding]]:
@@ -142,8 +142,8 @@ def check_nics(job: Job, ctx: HostContext, model: DistanceModel | None = None) -
         pinned = True
         chosen = [nic for nic in nics if selector.selects(nic.name, nic.port)]
         evidence: dict[str, object] = {"variable": variable, "value": text, "gpus": sorted(levels),
-                                       "selected": [f"{n.name}:{n.port}" for n in chosen],
-                                       "nearest": {str(g): [f"{n.name}:{n.port}" for n in own[g]] for g in sorted(own)},
+                                       "selected": [n.hca for n in chosen],
+                                       "nearest": {str(g): [n.hca for n in own[g]] for g in sorted(own)},
                                        "nearest_level": {str(g): _label(nearest[g]) for g in sorted(nearest)}}
         if not chosen:
             findings.append(Finding(
@@ -179,7 +179,7 @@ def check_nics(job: Job, ctx: HostContext, model: DistanceModel | None = None) -
                 f"{who} sets neither NCCL_IB_HCA nor UCX_NET_DEVICES while GPU "
                 f"{','.join(map(str, sorted(near)))} has an RDMA NIC under its switch or root complex "
                 f"({_hca(wanted)}): NCCL and UCX choose from every NIC of the host",
-                {"gpus": sorted(levels), "nearest": {str(g): [f"{n.name}:{n.port}" for n in own[g]] for g in sorted(own)},
+                {"gpus": sorted(levels), "nearest": {str(g): [n.hca for n in own[g]] for g in sorted(own)},
                  "nearest_level": near},
                 fix, tuple(files), job.process.pid))
     return (FINDING if findings else OK), findings

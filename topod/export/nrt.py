@@ -198,14 +198,14 @@ class _NicPort:
 def _nic_ports(topology: Topology, mode: str, leased: Iterable[str]) -> list[_NicPort]:
     """Every RDMA port with its zone, when NICs are leased exclusively; [] otherwise (a
     shared NIC is no countable resource, and none means topod hands out no NIC)."""
-    from topod.alloc.nics import NIC_MODES
+    from topod.alloc.nics import NIC_MODES, nic_key
 
     if mode not in NIC_MODES:
         raise ConfigError(f"export nrt: [alloc] nics {mode!r} is not one of {', '.join(NIC_MODES)}")
     if mode != "exclusive":
         return []  # shared leases' NICs count for nothing here, known or not
     held = set(leased)
-    ports = [(f"{device.address}/{port.port}", device, port) for device in topology.devices_of_kind("rdma")
+    ports = [(nic_key(device.address, port.port), device, port) for device in topology.devices_of_kind("rdma")
              for port in device.rdma_ports]
     unknown = sorted(held - {key for key, _, _ in ports})
     if unknown:
