@@ -47,6 +47,15 @@ def peer_credentials(sock: socket.socket | None) -> tuple[int | None, int, int]:
     return (pid or None), uid, gid
 
 
+def peer_uid(transport) -> int | None:  # noqa: ANN001 - an asyncio transport, or None
+    """The uid at the other end of a transport's Unix socket; None when it cannot be read
+    (not a Unix socket, no transport): such a peer counts as an ordinary user."""
+    try:
+        return peer_credentials(transport.get_extra_info("socket") if transport is not None else None)[1]
+    except (OSError, ValueError):
+        return None
+
+
 def group_id(name: str | None) -> int | None:
     if not name:
         return None

@@ -21,7 +21,7 @@ from aiohttp import web
 
 from topod.alloc.request import RequestLimits, validate_renew_body
 from topod.api.body import DEFAULT_MAX_BYTES, BodyStalledError, PayloadTooLargeError, parse_body
-from topod.api.peer import PeerDeniedError, caller_async, peer_credentials
+from topod.api.peer import PeerDeniedError, caller_async, peer_credentials, peer_uid
 from topod.errors import TopodError
 
 log = structlog.get_logger("topod")
@@ -346,7 +346,7 @@ class TooManyStreamsError(TopodError):
 async def events(request: web.Request) -> web.StreamResponse:
     backend = request.app[BACKEND]
     bus = backend.bus
-    uid = _peer_uid(request)  # None: not a Unix socket peer (counted as one user)
+    uid = peer_uid(request.transport)  # None: not a Unix socket peer (counted as one user)
     streams = request.app[STREAMS]
     share = _api_setting(backend, "max_event_streams_per_uid", int, 8)
     if uid != 0 and streams.get(uid, 0) >= share:
@@ -363,13 +363,6 @@ async def events(request: web.Request) -> web.StreamResponse:
             streams[uid] = left
         else:
             streams.pop(uid, None)
-
-
-def _peer_uid(request: web.Request) -> int | None:
-    try:
-        return peer_credentials(request.transport.get_extra_info("socket") if request.transport else None)[1]
-    except (PermissionError, OSError):
-        return None
 
 
 async def _stream_events(request: web.Request, bus: Any) -> web.StreamResponse:

@@ -681,11 +681,8 @@ class Daemon:
         once, outside the connection count: a flood of clients, or the descriptor limit,
         cannot fail this check); remade when it breaks."""
         if self._own_connection is None:
-            if self.api_site is not None:
-                sock = await self.api_site.internal_connection()
-                self._own_connection = await asyncio.open_connection(sock=sock)
-            else:
-                self._own_connection = await asyncio.open_unix_connection(self.api_address)
+            sock = await self.api_site.internal_connection()  # serve() set api_site
+            self._own_connection = await asyncio.open_connection(sock=sock)
         reader, writer = self._own_connection
         try:
             writer.write(b"GET /v1/health HTTP/1.1\r\nHost: topod\r\n\r\n")

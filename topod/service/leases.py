@@ -378,20 +378,16 @@ class LeaseService:
                                                                f"{service.wait_seconds:g} s"), caller,
                                    gpus=request.gpus, job=request.job, request=waiter.id) from None
             lease, commit = granted
-        except asyncio.CancelledError:
-            # The client hung up. A grant made for it in the meantime is taken back.
+        except BaseException as exc:
+            # The client hung up (cancelled) or the request failed: a grant made for it in
+            # the meantime is taken back.
             granted = _withdraw(waiter)
             if granted is not None:
                 self._take_back(granted[0])
             self._drop_waiter(waiter)
-            self._count("abandoned", "client_disconnected")
-            self.bus.publish("request_abandoned", request=waiter.id, reason="client disconnected")
-            raise
-        except BaseException:
-            granted = _withdraw(waiter)
-            if granted is not None:
-                self._take_back(granted[0])
-            self._drop_waiter(waiter)
+            if isinstance(exc, asyncio.CancelledError):
+                self._count("abandoned", "client_disconnected")
+                self.bus.publish("request_abandoned", request=waiter.id, reason="client disconnected")
             raise
         self._drop_waiter(waiter)
         return await self._deliver(lease, commit)

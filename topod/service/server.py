@@ -37,6 +37,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
+from topod.api.peer import peer_uid
 from topod.api.server import HTTP_CODES, error_response, internal_error, routes
 from topod.config import Config, parse_listen_address
 
@@ -292,15 +293,6 @@ def _drop_pending_input(transport: asyncio.BaseTransport) -> None:
         return
 
 
-def _peer_uid(transport: asyncio.BaseTransport) -> int | None:
-    from topod.api.peer import peer_credentials
-
-    try:
-        return peer_credentials(transport.get_extra_info("socket"))[1]
-    except (OSError, ValueError):
-        return None
-
-
 def _errno_name(exc: BaseException | None) -> str:
     import errno
 
@@ -334,7 +326,7 @@ class GatedRequestHandler(RequestHandler):
             self._admitted = True
             super().connection_made(transport)
             return
-        self._uid = _peer_uid(transport)
+        self._uid = peer_uid(transport)
         self._admitted = self._gate.admit(self._uid)
         if not self._admitted:
             why = self._gate.last_refusal[1] if self._gate.last_refusal else "too_many_connections"
