@@ -63,7 +63,7 @@ def fair_share(topology: Topology, reserved: set[int], cmap: CoreMap | None = No
     for node, cores in node_cores(topology, set(reserved), cmap).items():
         if node not in gpus:
             continue
-        usable = [core for core in cores.all_cores if core in cores.usable]
+        usable = _in_order(cores)
         if not usable:
             continue
         per_gpu_cores = max(1, (len(usable) - 1) // gpus[node])
@@ -85,6 +85,11 @@ class _NodeCores:
     all_cores: list[Core]  # every core of the node in CPU order (defines contiguity)
     usable: set[Core]  # cores free of excluded, leased and reserved CPUs
     llc: dict[Core, int]
+
+
+def _in_order(cores: _NodeCores | None) -> list[Core]:
+    """The node's usable cores in CPU order (none for a node not there)."""
+    return [core for core in cores.all_cores if core in cores.usable] if cores else []
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +160,7 @@ def auto_plan(counts: Mapping[int | None, int], share: Mapping[int, int],
     plan: dict[int | None, int | None] = {}
     for node, m in counts.items():
         cores = empty.get(node) if node is not None else None
-        usable = [core for core in cores.all_cores if core in cores.usable] if cores else []
+        usable = _in_order(cores)
         if not usable:
             plan[node] = None
             continue
@@ -199,8 +204,7 @@ def auto_capacity(topology: Topology, table: Mapping[int, tuple[list[int | None]
     now = node_cores(topology, set(excluded), cmap)
     capacity: dict[int, int] = {}
     for node, (plans, usable) in table.items():
-        cores = now.get(node)
-        free = [core for core in cores.all_cores if core in cores.usable] if cores else []
+        free = _in_order(now.get(node))
         served: dict[int, int] = {}
         m = 0
         for wanted in plans:
@@ -245,8 +249,7 @@ def assign_auto(topology: Topology, gpus: list[Gpu], share: Mapping[int, int], e
                            f"{', '.join(str(g.index) for g in members)} take one core each from the nearest node")
             continue
         if wanted == 0:
-            cores = node_cores(topology, taken, cmap)[node]
-            free = [core for core in cores.all_cores if core in cores.usable]
+            free = _in_order(node_cores(topology, taken, cmap)[node])
             if len(free) < usable:  # other leases hold some: wait, as for a full share
                 if not allow_fallback:
                     raise InsufficientCpusError(

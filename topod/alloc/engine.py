@@ -103,9 +103,7 @@ def allocate(topology: Topology, distances: DistanceModel, state: FreeState, req
         unary = {p: unary[p] + term for p, term in zip(free, nic_terms)}
     max_nodes = limit if request.level in ("best", "good") else None
     excluded = set(state.busy_cpus) | set(state.reserved_cpus)
-    cmap = view.cache.get("core_map")
-    if cmap is None:
-        cmap = view.cache["core_map"] = core_map(topology)
+    cmap = _core_map(view)
     auto = request.cpus_per_gpu == "auto"
     per_gpu = _auto_share(view, cmap, state) if auto else request.cpus_per_gpu
     node_cap = None
@@ -184,9 +182,7 @@ def prepare(topology: Topology, distances: DistanceModel, state: FreeState | Non
     state = state or FreeState()
     best_set_census(view)
     _group_index(view)
-    cmap = view.cache.get("core_map")
-    if cmap is None:
-        cmap = view.cache["core_map"] = core_map(topology)
+    cmap = _core_map(view)
     share = _auto_share(view, cmap, state)
     if share:
         _full_shares(view, cmap, state, share, [])
@@ -227,6 +223,14 @@ def _auto_share(view: HostView, cmap: CoreMap, state: FreeState) -> dict[int, in
     if share is None:
         share = view.cache[key] = fair_share(view.topology, set(state.reserved_cpus), cmap)
     return share
+
+
+def _core_map(view: HostView) -> CoreMap:
+    """The topology's core map, kept per view."""
+    cmap = view.cache.get("core_map")
+    if cmap is None:
+        cmap = view.cache["core_map"] = core_map(view.topology)
+    return cmap
 
 
 def _full_shares(view: HostView, cmap: CoreMap, state: FreeState, share: dict[int, int],

@@ -4,15 +4,13 @@ block plugin reads them (see slurm_topology for the rules and why). Pure."""
 from __future__ import annotations
 
 import hashlib
-import re
 from collections import Counter
 from collections.abc import Sequence
 
 from topod.errors import ConfigError
-from topod.export.slurm_topology import (BLOCK_SIZES_KEY, MAX_NAME, HostEntry, Note, comment, header,
+from topod.export.slurm_topology import (_UNSAFE, BLOCK_SIZES_KEY, MAX_NAME, HostEntry, Note, comment, header,
                                          version_text)
 
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 Domain = tuple[str, int]  # (cluster UUID, clique id)
 
 
