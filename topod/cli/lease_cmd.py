@@ -177,10 +177,15 @@ def _enclose(client, lease: dict, pid: int, cpus: list[int] | None, nodes: list[
         scope["created"] = True
     except ScopeError as exc:
         scope["reason"] = str(exc)
-    mode = lease_mode(host.mode, bool(cpus))
+    # sched_setaffinity takes a mask that names at least one CPU this process may use; a
+    # lease from another host's tree may name none here, and then nothing is pinned.
+    pinnable = bool(cpus) and bool(set(cpus) & os.sched_getaffinity(0))
+    mode = lease_mode(host.mode, pinnable)
     if scope["created"] and host.mode == "cgroup" and cpus:
         mode = "cgroup"
-    if not scope["created"]:
+    if not pinnable and cpus and mode != "cgroup":
+        reason = f"none of the lease's CPUs ({format_cpulist(cpus)}) is available to this process: nothing is pinned"
+    elif not scope["created"]:
         reason = (f"no systemd scope ({scope['reason']}); CPUs held by sched_setaffinity only (the job may undo "
                   "it), GPUs by CUDA_VISIBLE_DEVICES only")
     elif mode != "cgroup":
