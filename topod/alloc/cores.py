@@ -32,7 +32,7 @@ Rules, in order:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from topod.alloc.errors import InsufficientCpusError
 from topod.model import Cpu, Gpu, Topology
@@ -83,7 +83,7 @@ class CoreChoice:
 @dataclass(frozen=True, slots=True)
 class _NodeCores:
     all_cores: list[Core]  # every core of the node in CPU order (defines contiguity)
-    usable: set[Core]  # cores free of excluded, leased and reserved CPUs
+    usable: frozenset[Core] | set[Core]  # cores free of excluded, leased and reserved CPUs
     llc: dict[Core, int]
 
 
@@ -95,9 +95,13 @@ def _in_order(cores: _NodeCores | None) -> list[Core]:
 @dataclass(frozen=True, slots=True)
 class CoreMap:
     """What the topology alone says about cores (the engine keeps one per host view):
-    node -> cores in CPU order, their LLC, and which could ever be used."""
+    node -> cores in CPU order, their LLC, and which could ever be used; per CPU the
+    cores it belongs to (so excluded CPUs block their cores without a scan of every
+    core); per GPU address its PCIe local CPUs (a device lookup is a scan of the tree)."""
 
     nodes: dict[int, tuple[list[Core], dict[Core, int], frozenset[Core]]]
+    core_of: dict[int, tuple[tuple[int, Core], ...]] = field(default_factory=dict)
+    local: dict[str, frozenset[int]] = field(default_factory=dict)
 
 
 def core_map(topology: Topology) -> CoreMap:
@@ -114,13 +118,30 @@ def core_map(topology: Topology) -> CoreMap:
         llc = {core: (cores[core].llc if cores[core].llc is not None else -1) for core in ordered}
         eligible = frozenset(core for core in ordered if all(_eligible(by_id.get(c)) for c in core))
         nodes[node] = (ordered, llc, eligible)
-    return CoreMap(nodes)
+    core_of: dict[int, list[tuple[int, Core]]] = {}
+    for node, (ordered, _, _) in nodes.items():
+        for core in ordered:
+            for c in core:
+                core_of.setdefault(c, []).append((node, core))
+    local = {}
+    for gpu in topology.gpus:
+        device = topology.device(gpu.address)
+        local[gpu.address] = frozenset(device.local_cpus) if device is not None else frozenset()
+    return CoreMap(nodes, {c: tuple(where) for c, where in core_of.items()}, local)
 
 
-def node_cores(topology: Topology, excluded: set[int], cmap: CoreMap | None = None) -> dict[int, _NodeCores]:
-    """node -> its cores; `excluded` = leased | reserved CPUs."""
+def node_cores(topology: Topology, excluded: set[int] | frozenset[int],
+               cmap: CoreMap | None = None) -> dict[int, _NodeCores]:
+    """node -> its cores; `excluded` = leased | reserved CPUs. A core is usable when it
+    is eligible and none of its CPUs is excluded: the cores excluded CPUs block are
+    looked up per CPU, so the cost follows what is taken, not the host's size."""
     cmap = cmap or core_map(topology)
-    return {node: _NodeCores(ordered, {core for core in eligible if excluded.isdisjoint(core)}, llc)
+    blocked: dict[int, set[Core]] = {}
+    core_of = cmap.core_of
+    for c in excluded:
+        for node, core in core_of.get(c, ()):
+            blocked.setdefault(node, set()).add(core)
+    return {node: _NodeCores(ordered, eligible - blocked[node] if node in blocked else eligible, llc)
             for node, (ordered, llc, eligible) in cmap.nodes.items()}
 
 
@@ -129,13 +150,13 @@ def _eligible(cpu: Cpu | None) -> bool:
 
 
 def node_capacity(topology: Topology, excluded: set[int], cpus_per_gpu: PerGpu,
-                  cmap: CoreMap | None = None) -> dict[int, int]:
+                  cmap: CoreMap | None = None, now: Mapping[int, _NodeCores] | None = None) -> dict[int, int]:
     """node -> how many GPUs its free cores can serve at cpus_per_gpu (the search's CPU
-    constraint; nodes absent serve none)."""
+    constraint; nodes absent serve none). `now`: node_cores for `excluded`, if at hand."""
     if not wants_cpus(cpus_per_gpu):
         return {}
     capacity: dict[int, int] = {}
-    for node, cores in node_cores(topology, excluded, cmap).items():
+    for node, cores in (now if now is not None else node_cores(topology, excluded, cmap)).items():
         wanted = need(cpus_per_gpu, node)
         if wanted <= 0:
             capacity[node] = 0
@@ -196,12 +217,14 @@ def auto_table(topology: Topology, share: Mapping[int, int], reserved: set[int],
 
 
 def auto_capacity(topology: Topology, table: Mapping[int, tuple[list[int | None], int]], excluded: set[int],
-                  cmap: CoreMap | None = None) -> dict[int, int]:
+                  cmap: CoreMap | None = None, now: Mapping[int, _NodeCores] | None = None) -> dict[int, int]:
     """node -> how many GPUs of one set it can take under auto (the search's CPU
     constraint): the largest m such that 1..m GPUs all get their auto_plan share from
     the node's free cores (the fair share where the empty node holds it, else degraded;
-    a shared node needs all the cores it would share free)."""
-    now = node_cores(topology, set(excluded), cmap)
+    a shared node needs all the cores it would share free). `now`: node_cores for
+    `excluded`, if the caller has it already."""
+    if now is None:
+        now = node_cores(topology, set(excluded), cmap)
     capacity: dict[int, int] = {}
     for node, (plans, usable) in table.items():
         free = _in_order(now.get(node))
@@ -289,10 +312,13 @@ def assign_auto(topology: Topology, gpus: list[Gpu], share: Mapping[int, int], e
 
 
 def assign_cpus(topology: Topology, gpus: list[Gpu], per_gpu: PerGpu, excluded: set[int],
-                allow_fallback: bool, cmap: CoreMap | None = None, *, describe: bool = True) -> CoreChoice:
+                allow_fallback: bool, cmap: CoreMap | None = None, *, describe: bool = True,
+                now: Mapping[int, _NodeCores] | None = None) -> CoreChoice:
+    """`now`: node_cores for `excluded`, if the caller has it already."""
     if not wants_cpus(per_gpu):
         return CoreChoice({g.index: () for g in gpus}, {g.index: g.numa_node for g in gpus}, False, ())
-    cores = node_cores(topology, excluded, cmap)
+    cmap = cmap or core_map(topology)
+    cores = now if now is not None else node_cores(topology, excluded, cmap)
     taken: set[Core] = set()
     cpus: dict[int, tuple[int, ...]] = {}
     where: dict[int, int | None] = {}
@@ -303,7 +329,7 @@ def assign_cpus(topology: Topology, gpus: list[Gpu], per_gpu: PerGpu, excluded: 
         cpus_per_gpu = need(per_gpu, gpu.numa_node) or max(per_gpu.values()) if not isinstance(per_gpu, int) \
             else per_gpu
         wanted_sizes.add(cpus_per_gpu)
-        local = set(topology.device(gpu.address).local_cpus) if topology.device(gpu.address) else set()
+        local = cmap.local.get(gpu.address, frozenset())
         picked = _pick(cores.get(gpu.numa_node), taken, cpus_per_gpu, local, reasons, gpu.index) \
             if gpu.numa_node is not None else None
         node = gpu.numa_node
@@ -346,37 +372,42 @@ def _free_cpus(cores: _NodeCores | None, taken: set[Core]) -> int:
     return sum(len(core) for core in cores.usable if core not in taken)
 
 
-def _pick(cores: _NodeCores | None, taken: set[Core], need: int, local: set[int], reasons: list[str],
-          gpu: int) -> list[Core] | None:
+def _pick(cores: _NodeCores | None, taken: set[Core], need: int, local: set[int] | frozenset[int],
+          reasons: list[str], gpu: int) -> list[Core] | None:
     if cores is None:
         return None
-    free = [core for core in cores.all_cores if core in cores.usable and core not in taken]
-    if sum(len(core) for core in free) < need:
+    ordered, usable, llc = cores.all_cores, cores.usable, cores.llc
+    ok = [core in usable and core not in taken for core in ordered]
+    if sum(len(core) for core, free in zip(ordered, ok) if free) < need:
         return None
     best: tuple[tuple, list[Core]] | None = None
-    ordered = cores.all_cores
-    for start in range(len(ordered)):
-        window: list[Core] = []
-        have = 0
-        for core in ordered[start:]:
-            if core not in cores.usable or core in taken:
-                break
-            window.append(core)
-            have += len(core)
+    n, start = len(ordered), 0
+    while start < n:  # need >= 1: callers ask for at least one CPU
+        if not ok[start]:
+            start += 1
+            continue
+        have, end = 0, start
+        while end < n and ok[end]:
+            have += len(ordered[end])
+            end += 1
             if have >= need:
                 break
         if have < need:
+            start = end + 1  # every later start in this run of free cores falls short too
             continue
-        llcs = {cores.llc[core] for core in window}
+        window = ordered[start:end]
+        llcs = {llc[core] for core in window}
         outside = bool(local) and any(c not in local for core in window for c in core)
         score = (len(llcs) > 1, outside, start)
         if best is None or score < best[0]:
             best = (score, window)
             if score == (False, False, start):
                 break  # the first single-L3, local window: nothing later beats it
+        start += 1
     if best is not None:
         return best[1]
     # No contiguous window: the fullest L3 domains first, cores in order.
+    free = [core for core, available in zip(ordered, ok) if available]
     per_llc: dict[int, int] = {}
     for core in free:
         per_llc[cores.llc[core]] = per_llc.get(cores.llc[core], 0) + len(core)

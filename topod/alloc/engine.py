@@ -51,8 +51,8 @@ from dataclasses import dataclass
 from math import comb
 
 from topod.alloc.cores import (CoreMap, assign_auto, assign_cpus, auto_capacity, auto_table, core_map,
-                               fair_share, node_capacity, wants_cpus)
-from topod.alloc.errors import (InsufficientCpusError, InsufficientGpusError, InvalidRequestError,
+                               fair_share, node_capacity, node_cores, wants_cpus)
+from topod.alloc.errors import (AllocationError, InsufficientCpusError, InsufficientGpusError, InvalidRequestError,
                                 LevelUnreachableError, UnknownGpuError)
 from topod.alloc.estimate import weakest
 from topod.alloc.hostview import DELTA_NODE, Census, HostView, best_set_census, fresh_view, host_view
@@ -67,12 +67,18 @@ __all__ = ["Assessment", "FreeState", "allocate", "assess", "prepare", "set_cost
 
 DELTA_FRAG = 1e-7
 DEFAULT_POLICY = PolicySettings()
+SEARCH_MEMO = 2048  # searches remembered per host view (a few hundred KiB on 64 GPUs)
 
 
 def allocate(topology: Topology, distances: DistanceModel, state: FreeState, request: Request,
              policy: PolicySettings = DEFAULT_POLICY, *, waited_seconds: float = 0.0,
              ttl_seconds: float | None = None) -> Decision:
-    view = host_view(topology, distances)
+    return _decide(host_view(topology, distances), state, request, policy, waited_seconds, ttl_seconds)
+
+
+def _decide(view: HostView, state: FreeState, request: Request, policy: PolicySettings,
+            waited_seconds: float = 0.0, ttl_seconds: float | None = None) -> Decision:
+    topology, distances = view.topology, view.distances
     k = request.gpus
     reasons: list[str] = []
     if view.n == 0:
@@ -107,12 +113,13 @@ def allocate(topology: Topology, distances: DistanceModel, state: FreeState, req
     auto = request.cpus_per_gpu == "auto"
     per_gpu = _auto_share(view, cmap, state) if auto else request.cpus_per_gpu
     node_cap = None
+    now = node_cores(topology, excluded, cmap) if wants_cpus(per_gpu) else None  # free cores, once
     if auto and per_gpu:
         # auto gives fewer cores where the empty host cannot give full shares, so its
         # constraint never forces a worse GPU set than the cores of the empty host allow.
-        node_cap = _auto_cap(view, cmap, state, per_gpu, excluded)
+        node_cap = _auto_cap(view, cmap, state, per_gpu, excluded, now)
     elif wants_cpus(per_gpu):
-        capacity = node_capacity(topology, excluded, per_gpu, cmap)
+        capacity = node_capacity(topology, excluded, per_gpu, cmap, now)
         node_cap = {v: capacity.get(v, 0) for v in set(view.node)}
     result = _search(view, free, must, unary, node_cap, max_nodes, k, policy.search_budget, busy)
     if result is None:
@@ -131,7 +138,8 @@ def allocate(topology: Topology, distances: DistanceModel, state: FreeState, req
         cores = assign_auto(topology, gpus, per_gpu, excluded, set(state.reserved_cpus),
                             allow_fallback=request.level == "any", cmap=cmap)
     else:
-        cores = assign_cpus(topology, gpus, per_gpu, excluded, allow_fallback=request.level == "any", cmap=cmap)
+        cores = assign_cpus(topology, gpus, per_gpu, excluded, allow_fallback=request.level == "any", cmap=cmap,
+                            now=now)
     reasons.extend(cores.reasons)
     reasons.insert(0, _summary(k, cost, ref_cost, level, len(nodes), limit))
     if not result.exact:
@@ -197,6 +205,13 @@ def prepare(topology: Topology, distances: DistanceModel, state: FreeState | Non
         limit = good_node_limit(view, k, everyone, set())
         _, ref_members = _reference(view, k, everyone, set(), limit, policy.search_budget)
         _floors(view, ref_members, limit)
+    # The default request of each size (default level, auto cores) decided once in this
+    # free state: its search is then memoised and every lazily built table exists.
+    for k in sizes:
+        try:
+            _decide(view, state, Request(gpus=k, cpus_per_gpu="auto"), policy)
+        except AllocationError:
+            pass  # not grantable in this state: the references above still stand
     return view
 
 
@@ -248,12 +263,12 @@ def _full_shares(view: HostView, cmap: CoreMap, state: FreeState, share: dict[in
 
 
 def _auto_cap(view: HostView, cmap: CoreMap, state: FreeState, share: dict[int, int],
-              excluded: set[int]) -> dict[int, int]:
+              excluded: set[int], now=None) -> dict[int, int]:  # noqa: ANN001 - node_cores' mapping
     key = ("auto_table", state.reserved_cpus)
     table = view.cache.get(key)
     if table is None:
         table = view.cache[key] = auto_table(view.topology, share, set(state.reserved_cpus), view.node_gpus, cmap)
-    capacity = auto_capacity(view.topology, table, excluded, cmap)
+    capacity = auto_capacity(view.topology, table, excluded, cmap, now)
     return {v: capacity.get(v, 0) for v in set(view.node)}
 
 
@@ -294,8 +309,24 @@ def _backpressure(view, free, must, unary, node_cap, max_nodes, k, policy, state
 def _search(view, candidates, must, unary, node_cap, max_nodes, k, budget,
             busy: set[int] | None = None) -> SearchResult | None:
     """The minimum-objective set; given `busy` (a grant, not a reference), the look-ahead
-    chooses among the equal-cost ones."""
+    chooses among the equal-cost ones. The result is a function of the arguments alone,
+    so it is memoised per view by their values (SEARCH_MEMO results, oldest out first):
+    a free state and request seen before costs a lookup, and prepare() fills the empty
+    host's so the first decision of each size is a warm one."""
     census = best_set_census(view) if busy is not None and DELTA_FRAG * k < DELTA_NODE / 2 else None
+    key = (k, tuple(candidates), frozenset(must), tuple([unary.get(p, 0.0) for p in candidates]) if unary else (),
+           tuple(sorted(node_cap.items())) if node_cap is not None else None, max_nodes, budget,
+           frozenset(busy) if census else None)
+    memo = view.search_memo
+    if key in memo:
+        return memo[key]
+    found = memo[key] = _solve(view, census, candidates, must, unary, node_cap, max_nodes, k, budget, busy)
+    if len(memo) > SEARCH_MEMO:
+        del memo[next(iter(memo))]
+    return found
+
+
+def _solve(view, census, candidates, must, unary, node_cap, max_nodes, k, budget, busy) -> SearchResult | None:
     if k == 1 and not must and not census:
         return solve_one(candidates, unary, view.node, node_cap)
     problem = build_problem(candidates, must, view.twin, view.node, view.search_weight, unary, node_cap, max_nodes)
@@ -349,6 +380,8 @@ def _sets_left(census: Census, left: list[int], room: int) -> int:
 
 
 def _eligible(view: HostView, request: Request, reasons: list[str]) -> list[int]:
+    if not request.model and not request.min_memory_mib:
+        return view.everyone  # no filter: every position (read only)
     out, skipped = [], []
     model = request.model.lower() if request.model else None
     for p, gpu in enumerate(view.gpus):

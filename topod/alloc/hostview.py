@@ -45,6 +45,8 @@ class HostView:
     mean_weight: float
     node_gpus: dict[int, int]  # node -> GPUs on it
     cache: dict = field(default_factory=dict)  # reference results (engine.py)
+    search_memo: dict = field(default_factory=dict)  # search arguments -> result (engine._search)
+    everyone: list[int] = field(default_factory=list)  # every position: an unfiltered request's candidates
 
     @property
     def n(self) -> int:
@@ -84,6 +86,8 @@ def install_view(view: HostView) -> None:
     if old is not None and old.topology is view.topology:
         for key, value in old.cache.items():
             view.cache.setdefault(key, value)
+        for key, value in old.search_memo.items():
+            view.search_memo.setdefault(key, value)
     memo["host_view"] = view
 
 
@@ -119,6 +123,7 @@ def _build(topology: Topology, distances: DistanceModel) -> HostView:
         unknown_link=tuple(gpu.index for gpu, rate in zip(gpus, rates) if rate is None),
         mean_weight=(sum(map(sum, weight)) / pairs) if pairs else 0.0,
         node_gpus=node_gpus,
+        everyone=list(range(n)),
     )
 
 

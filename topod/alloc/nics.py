@@ -37,7 +37,7 @@ and NICs do not break up the blocks the look-ahead keeps whole.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from topod.alloc.errors import InsufficientNicsError, InvalidRequestError
@@ -125,15 +125,32 @@ def nic_ports_by_state(topology: Topology, leased: Iterable[str]) -> dict[str, i
 class _Table:
     nics: tuple[Nic, ...]
     distance: dict[str, tuple[Distance, ...]]  # GPU address -> per NIC, in nics order
+    keys: tuple[str, ...] = ()  # per NIC, its key (a property builds the string at every call)
+    # GPU address -> NIC positions grouped by equal weight, nearest group first, each in
+    # nics order: what _shared sorts by, with only the use counts left to order a group.
+    tiers: dict[str, tuple[tuple[int, ...], ...]] = field(default_factory=dict)
+    choices: dict[str, tuple[NicChoice, ...]] = field(default_factory=dict)  # GPU address -> per NIC
+    nearest: dict[str, float] = field(default_factory=dict)  # GPU address -> weight of its nearest NIC
 
 
 def _table(topology: Topology, distances: DistanceModel) -> _Table:
-    """GPU x NIC distances, kept on the DistanceModel (a new topology gets a new model)."""
+    """GPU x NIC distances, kept on the DistanceModel (a new topology gets a new model),
+    with what every decision would otherwise derive from them again."""
     table = distances.memo.get("nic_table")
     if table is None or distances.topology is not topology:
         nics = offered_nics(topology)
-        table = _Table(nics, {gpu.address: tuple(distances.between(gpu.address, nic.address) for nic in nics)
-                              for gpu in topology.gpus})
+        distance = {gpu.address: tuple(distances.between(gpu.address, nic.address) for nic in nics)
+                    for gpu in topology.gpus}
+        tiers: dict[str, tuple[tuple[int, ...], ...]] = {}
+        for address, row in distance.items():
+            grouped: dict[float, list[int]] = {}
+            for i in sorted(range(len(nics)), key=lambda i: (row[i].weight, i)):
+                grouped.setdefault(row[i].weight, []).append(i)
+            tiers[address] = tuple(tuple(group) for group in grouped.values())
+        table = _Table(nics, distance, tuple(nic.key for nic in nics), tiers,
+                       {address: tuple(_choice(nic, d) for nic, d in zip(nics, row))
+                        for address, row in distance.items()},
+                       {address: min((d.weight for d in row), default=None) for address, row in distance.items()})
         if distances.topology is topology:
             distances.memo["nic_table"] = table
     return table
@@ -157,8 +174,12 @@ def tie_break_terms(topology: Topology, distances: DistanceModel, gpus: Sequence
     table = _table(topology, distances)
     if not table.nics:
         return [0.0] * len(gpus)
-    usable = [i for i, nic in enumerate(table.nics) if mode == "shared" or nic.key not in busy]
     scale = BASE_WEIGHTS["SYS"]
+    if mode == "shared" or not busy:  # every NIC usable: each GPU's nearest, kept in the table
+        nearest_of = table.nearest
+        return [NIC_TIE_BREAK * (NO_NIC_TERM if nearest_of.get(gpu.address) is None
+                                 else nearest_of[gpu.address] / scale) for gpu in gpus]
+    usable = [i for i, key in enumerate(table.keys) if key not in busy]
     out = []
     for gpu in gpus:
         row = table.distance.get(gpu.address)
@@ -203,16 +224,25 @@ def _choice(nic: Nic, distance: Distance) -> NicChoice:
 
 
 def _shared(table: _Table, gpus: Sequence[Gpu], want: int, use: Mapping[str, int]) -> dict[int, tuple[NicChoice, ...]]:
+    """Per GPU the `want` NICs first by (weight, leases using it, position): the groups
+    of equal weight in the table, nearest first, each ordered by use."""
     out: dict[int, tuple[NicChoice, ...]] = {}
     taken: dict[str, int] = {}  # this lease's own choices spread like other leases' do
+    keys = table.keys
+    every = (tuple(range(len(table.nics))),)
     for gpu in gpus:
-        row = table.distance[gpu.address] if gpu.address in table.distance else None
-        order = sorted(range(len(table.nics)), key=lambda i: (
-            row[i].weight if row else 0.0, use.get(table.nics[i].key, 0) + taken.get(table.nics[i].key, 0), i))
-        chosen = order[:want]
+        tiers = table.tiers.get(gpu.address, every)
+        chosen: list[int] = []
+        for group in tiers:
+            if len(chosen) >= want:
+                break
+            if len(group) > 1 and (use or taken):
+                group = sorted(group, key=lambda i: (use.get(keys[i], 0) + taken.get(keys[i], 0), i))
+            chosen.extend(group[:want - len(chosen)])
         for i in chosen:
-            taken[table.nics[i].key] = taken.get(table.nics[i].key, 0) + 1
-        out[gpu.index] = tuple(_choice(table.nics[i], row[i] if row else Distance("SYS", 0.0)) for i in chosen)
+            taken[keys[i]] = taken.get(keys[i], 0) + 1
+        choices = table.choices.get(gpu.address)
+        out[gpu.index] = tuple(choices[i] if choices else _choice(table.nics[i], Distance("SYS", 0.0)) for i in chosen)
     return out
 
 
