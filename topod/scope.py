@@ -52,6 +52,38 @@ def unit_name(lease_id: str) -> str:
     return f"{SCOPE_PREFIX}{escaped}.scope"
 
 
+
+def lease_of_unit(name: str) -> str | None:
+    """The lease id a topod-lease-<id>.scope name stands for (unit_name's inverse); None
+    for any other unit."""
+    if not (name.startswith(SCOPE_PREFIX) and name.endswith(".scope")):
+        return None
+    return _unescape(name[len(SCOPE_PREFIX):-len(".scope")], "\\x", 4) or None
+
+
+def unit_of_path(path: str) -> str | None:
+    """The unit name of a systemd unit object path (/org/freedesktop/systemd1/unit/<label>,
+    the label escaped as sd-bus does: each byte but [A-Za-z0-9] as _xx); None otherwise."""
+    prefix = f"{MANAGER_PATH}/unit/"
+    return _unescape(path[len(prefix):], "_", 3) if path.startswith(prefix) else None
+
+
+def _unescape(text: str, mark: str, width: int) -> str:
+    """Undo `mark`+two hex digits escapes (width: the escape's length)."""
+    raw = bytearray()
+    i = 0
+    while i < len(text):
+        if text.startswith(mark, i) and len(text) >= i + width:
+            try:
+                raw.append(int(text[i + width - 2:i + width], 16))
+                i += width
+                continue
+            except ValueError:
+                pass
+        raw += text[i].encode()
+        i += 1
+    return raw.decode("utf-8", "replace")
+
 def bitmask(ids: Iterable[int]) -> bytes:
     """CPU or NUMA node ids as systemd's AllowedCPUs=/AllowedMemoryNodes= D-Bus value (ay):
     id n is bit n % 8 of byte n // 8 (least significant bit first); no trailing zero bytes."""
@@ -190,6 +222,40 @@ def start_scope(spec: ScopeSpec, timeout: float = BUS_TIMEOUT_SECONDS) -> str:
     if result != "done":
         raise ScopeError(f"systemd's start job for {spec.name} ended '{result}' (journalctl -u {spec.name})")
     return spec.name
+
+
+def place_pid(spec: ScopeSpec, timeout: float = BUS_TIMEOUT_SECONDS) -> bool:
+    """Put spec.pid in the lease's scope: a new scope (True) or, when the lease has one
+    already (another of its processes), into that one (False: AttachProcessesToUnit, whose
+    properties were set by whoever started it). ScopeError otherwise."""
+    try:
+        start_scope(spec, timeout)
+        return True
+    except ScopeError as exc:
+        if "UnitExists" not in str(exc):
+            raise
+    with _connect() as conn:
+        _call(conn, "AttachProcessesToUnit", "ssau", (spec.name, "", [spec.pid]), timeout)
+    return False
+
+
+def scope_state(name: str, timeout: float = BUS_TIMEOUT_SECONDS) -> str | None:
+    """The scope's ActiveState, None when systemd has no such unit loaded."""
+    from jeepney import DBusAddress, Properties
+    from jeepney.wrappers import DBusErrorResponse, unwrap_msg
+
+    with _connect() as conn:
+        try:
+            path = _call(conn, "GetUnit", "s", (name,), timeout)[0]
+        except ScopeError as exc:
+            if "NoSuchUnit" in str(exc):
+                return None
+            raise
+        unit = DBusAddress(path, bus_name=SYSTEMD, interface="org.freedesktop.systemd1.Unit")
+        try:
+            return unwrap_msg(conn.send_and_get_reply(Properties(unit).get("ActiveState"), timeout=timeout))[0][1]
+        except DBusErrorResponse as exc:
+            raise ScopeError(_explain(exc)) from exc
 
 
 def stop_scope(name: str, timeout: float = BUS_TIMEOUT_SECONDS) -> bool:

@@ -206,7 +206,35 @@ LEASE = {
         "environment": {"type": "object", "additionalProperties": {"type": "string"}},
         "enforcement": {"type": "string", "enum": ["cgroup", "affinity", "none"], "description": (
             "what holds the lease's CPUs: affinity (topoctl run and topoctl bind pin the job; it may undo it) "
-            "or none (no CPUs, or a root that is not this host); /v1/health's enforcement says why")},
+            "or none (no CPUs, or a root that is not this host); /v1/health's enforcement says why; cgroup once "
+            "a process was placed in its scope on a host whose cgroup v2 cpusets hold it")},
+        "scope": {"type": ["string", "null"], "description": (
+            "the systemd scope its job was placed in by POST /v1/leases/{id}/scope (topod-lease-<id>.scope); "
+            "the lease ends when that scope ends")},
+    },
+}
+
+
+def _scope_request(limits: RequestLimits) -> dict:
+    return {"type": "object", "required": ["pid"], "additionalProperties": False, "properties": {
+        "pid": {"type": "integer", "minimum": 1, "maximum": limits.pid_max, "description": (
+            "a running process of the caller, or one of its descendants (root: any but PID 1 and topod); "
+            "400 invalid_request 'no process' when there is none")}}}
+
+
+SCOPE_ANSWER = {
+    "type": "object", "required": ["lease", "pid", "scope", "created", "enforcement", "reason"],
+    "properties": {
+        "lease": {"type": "string"},
+        "pid": {"type": "integer"},
+        "scope": {"type": "string", "description": "topod-lease-<id>.scope"},
+        "created": {"type": "boolean", "description": "true: a new scope; false: joined the lease's scope"},
+        "enforcement": {"type": "string", "enum": ["cgroup", "none"], "description": (
+            "what holds this process's CPUs now: cgroup (the host's cgroup v2 cpuset enforces the scope's "
+            "AllowedCPUs=) or none (recorded only: pin the process, e.g. topoctl bind)")},
+        "reason": {"type": "string"},
+        "host_enforcement": {"type": "string", "enum": ["cgroup", "affinity", "none"]},
+        "lease_enforcement": {"type": "string", "enum": ["cgroup", "affinity", "none"]},
     },
 }
 
@@ -265,8 +293,8 @@ ERROR_DESCRIPTIONS = {
     415: "unsupported_media_type: a Content-Type charset other than UTF-8",
     429: "queue_full; too_many_streams (GET /v1/events beyond [api] max_event_streams_per_uid)",
     500: "internal_error (or another server fault), with a request_id the daemon log carries",
-    503: "unavailable (a feature switched off, or still setting up after start: the message "
-         "says which), too_many_connections ([api] max_connections, max_connections_per_uid, "
+    503: "unavailable (a feature switched off, or still setting up after start, or no systemd to make a "
+         "scope: the message says which), too_many_connections ([api] max_connections, max_connections_per_uid, "
          "root_reserved_connections)",
 }
 
@@ -346,6 +374,15 @@ def openapi_document(limits: RequestLimits | None = None, *, max_body_bytes: int
                          "responses": {"200": _json({**ENDED, "required": ["revoked", "gpus"], "properties": {
                              **ENDED["properties"], "revoked": {"type": "string"}}}, "revoked"),
                              **_errors(403, 404)}},
+            },
+            "/v1/leases/{id}/scope": {
+                "parameters": LEASE_ID,
+                "post": {"summary": "put a running process in the lease's systemd scope, topod-lease-<id>.scope "
+                                    "(owner or root); the lease ends when the scope does",
+                         "operationId": "placeInScope",
+                         "requestBody": _body(_scope_request(limits), True),
+                         "responses": {"200": _json(SCOPE_ANSWER, "placed"),
+                                       **_errors(*body_errors, 403, 404)}},
             },
             "/v1/events": {"get": {"summary": "event stream, one JSON object per line", "operationId": "events",
                                    "responses": {"200": {"description": "events", "content": {

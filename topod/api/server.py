@@ -243,6 +243,8 @@ async def read_json(request: web.Request, *, optional: bool = False) -> Any:
 
 
 def routes(backend: Backend) -> web.Application:
+    from topod.api.scope_route import place_in_scope
+
     # read_body enforces [api] max_body_bytes per request (it follows a reload); this is
     # only aiohttp's own ceiling for request.read(), which nothing here calls.
     app = web.Application(middlewares=[errors_as_json], client_max_size=64 * 1024 * 1024)
@@ -257,6 +259,7 @@ def routes(backend: Backend) -> web.Application:
         web.delete("/v1/leases/{id}", delete_lease),
         web.post("/v1/leases/{id}/renew", renew_lease),
         web.post("/v1/leases/{id}/revoke", revoke_lease),
+        web.post("/v1/leases/{id}/scope", place_in_scope),
         web.get("/v1/events", events),
         web.get("/v1/irqs", irqs),
         web.get("/v1/links", links),

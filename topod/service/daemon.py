@@ -89,13 +89,16 @@ class Daemon:
         self.api_gate = None  # the API's ConnectionGate, set by serve()
         self.api_site = None
         self._own_connection: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
-        self._scopes_reachable: bool | None = None  # systemd on the system bus (None: not asked yet)
         self._gpu_addresses = {gpu.address for gpu in self.state.topology.gpus}
         self.container = detect_container(self.host)
         from topod.enforce import host_enforcement
 
         self.enforcement = host_enforcement(self.host)
         self.alloc.host_enforcement = self.enforcement.mode
+        from topod.service.lease_scope import LeaseScopes
+
+        self.scopes = LeaseScopes(self.alloc, lambda: (self.enforcement.mode, self.enforcement.reason),
+                                  self._gpu_numbers, self.bus.publish)
         # Leased cores kept free of topod itself, always, and with [isolate] system of
         # every other process too (topod.isolate); only on the host topod runs on.
         self.isolation = None
@@ -249,6 +252,7 @@ class Daemon:
             "container": self.container,
             "enforcement": self.enforcement.to_json(),
             "isolation": self.isolation_health(),
+            "scopes": self.scopes.health(),
             "loops": self.supervisor.report(now),
             "commits": {"transactions": self.store.commits, "changes": self.store.changes},
         }
@@ -332,35 +336,11 @@ class Daemon:
                 self.irq.leases_changed()
             if self.probe is not None:
                 self.probe.leases_changed()
-        if record["event"] == "lease_revoked" and self._tasks is not None and self._scopes_reachable is not False:
-            self._tasks.create_task(self._stop_lease_scope(str(record["lease"]), str(record.get("reason"))),
+        # A revoked lease (by root, or a preemption's grace over) takes its job with it: its
+        # scope is stopped (topod.service.lease_scope); without systemd, said once.
+        if record["event"] == "lease_revoked" and self._tasks is not None and self.scopes.reachable is not False:
+            self._tasks.create_task(self.scopes.stop(str(record["lease"]), str(record.get("reason"))),
                                     name="topod-scope-stop")
-
-    async def _stop_lease_scope(self, lease_id: str, reason: str) -> None:
-        """A revoked lease (by root, or a preemption's grace over) takes its job with it:
-        `topoctl run` put the job in topod-lease-<id>.scope, which is stopped here (SIGTERM,
-        then the scope's TimeoutStopSec). A lease without a scope, or a host without a
-        system bus, has nothing to stop; the latter is said once."""
-        from topod.scope import ScopeError, stop_scope, unit_name
-
-        name = unit_name(lease_id)
-        try:
-            stopped = await asyncio.to_thread(stop_scope, name)
-        except ScopeError as exc:
-            if "bus" in str(exc).lower():  # concurrent revokes may all get here: said once
-                if self._scopes_reachable is None:
-                    log.info("lease_scopes_unreachable", reason=str(exc),
-                             effect="revoked leases' jobs are not stopped by topod (no systemd on the system bus)")
-                self._scopes_reachable = False
-                return
-            log.warning("lease_scope_not_stopped", lease=lease_id, scope=name, error=str(exc))
-            return
-        except Exception as exc:  # noqa: BLE001 - a revoke is done; its scope is best effort, said
-            log.warning("lease_scope_not_stopped", lease=lease_id, scope=name, error=repr(exc))
-            return
-        self._scopes_reachable = True
-        if stopped:
-            self.bus.publish("lease_scope_stopped", lease=lease_id, scope=name, reason=reason)
 
     def _state_changed(self, kind: str) -> None:
         if kind == "hardware":
@@ -489,6 +469,7 @@ class Daemon:
             "irq": (self.config.get("irq", "mode") != "off", changed("irq")),
             "probe": (bool(self.config.get("probe", "enabled")), changed("probe")),
             "isolate": (self.isolation is not None, changed("isolate")),
+            "scopes": (True, False),
         }
         for name, (want, restart) in wanted.items():
             running = name in self._loops and not self._loops[name].done()
@@ -501,7 +482,8 @@ class Daemon:
     def _start_loop(self, name: str) -> None:
         factories = {"reaper": self._reaper_loop, "load": self._load_loop, "exports": self._exports_loop,
                      "api": self._liveness_loop, "rescan": self._rescan_loop, "irq": self._irq_loop,
-                     "probe": self._probe_loop, "isolate": self._isolate_loop}
+                     "probe": self._probe_loop, "isolate": self._isolate_loop,
+                     "scopes": self._scopes_loop}
         assert self._tasks is not None
         self._loops[name] = self._tasks.create_task(self._guarded(name, factories[name]), name=f"topod-{name}")
 
@@ -624,6 +606,18 @@ class Daemon:
                 log.info("isolation_applied", **result)
         elif self.isolation.record:
             log.info("isolation_restored", after="isolate.system off", **self.isolation.restore())
+
+    async def _scopes_loop(self) -> None:
+        """Leases end when their scopes do: systemd's signals, read by topod.service.lease_scope."""
+        try:
+            await self._supervised("scopes", self.scopes.watch, self._deadline(60.0))
+        finally:
+            await self.scopes.close()
+
+    def _gpu_numbers(self, lease) -> tuple[int, ...]:
+        """N of each leased GPU's /dev/nvidiaN in the current topology (the index when gone)."""
+        gpus = {gpu.index: gpu for gpu in self.state.topology.gpus}
+        return tuple(gpus[i].device_number if i in gpus else i for i in lease.gpus)
 
     def isolation_health(self) -> dict:
         if self.isolation is None:

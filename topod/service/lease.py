@@ -36,6 +36,8 @@ class Lease:
     confirmed: bool = True
     # What holds the lease's CPUs (topod.enforce): affinity (topoctl run/bind pin the job) | none.
     enforcement: str = "none"
+    # The systemd scope its job runs in when one was made through the API (topod-lease-<id>.scope).
+    scope: str | None = None
     cpus: tuple[int, ...] = field(init=False, compare=False)  # every GPU's CPUs, sorted (derived)
 
     def __post_init__(self) -> None:
@@ -68,7 +70,7 @@ class Lease:
                            for placement, uuid in zip(decision.placements, self.gpu_uuids)],
             "created": self.created, "expires": self.expires, "ttl_seconds": self.ttl_seconds,
             "preempt_deadline": self.preempt_deadline, "confirmed": self.confirmed,
-            "enforcement": self.enforcement,
+            "enforcement": self.enforcement, "scope": self.scope,
             "decision": {
                 "cost": round(decision.cost, 6), "best_cost": round(decision.best_cost, 6),
                 "level": decision.level, "requested_level": decision.requested_level,
@@ -114,7 +116,7 @@ class Lease:
             created=float(body["created"]), expires=body.get("expires"), ttl_seconds=body.get("ttl_seconds"),
             preempt_deadline=body.get("preempt_deadline"), missing_gpus=tuple(body.get("missing_gpus", ())),
             confirmed=bool(body.get("confirmed", True)),
-            enforcement=str(body.get("enforcement", "none")),
+            enforcement=str(body.get("enforcement", "none")), scope=body.get("scope"),
         )
 
 

@@ -475,6 +475,26 @@ class LeaseService:
             raise self._refuse_change("revoke", "not_found", exc, caller, lease_id) from None
         return await self._committed(self._end(lease, "lease_revoked", reason=reason))
 
+    # -- a lease's systemd scope (topod.service.lease_scope) ---------------------------
+    def owned(self, request: str, lease_id: str, caller: Caller) -> Lease:
+        """The lease `caller` may change (its owner uid or root); refusals are logged."""
+        return self._owned(request, lease_id, caller)
+
+    async def record_scope(self, lease_id: str, unit: str, enforcement: str) -> Lease | None:
+        """The lease now has its job in `unit`, held as `enforcement` says; None if it ended meanwhile."""
+        lease = self.store.get(lease_id)
+        if lease is None:
+            return None
+        commit = self._update(replace(lease, scope=unit, enforcement=enforcement))
+        if commit is not None:
+            await asyncio.shield(commit)
+        return self.store.get(lease_id)
+
+    def scope_ended(self, lease_id: str, unit: str) -> Lease | None:
+        """The lease's scope is gone (its last process exited, or it was stopped): the lease ends."""
+        lease = self.store.get(lease_id)
+        return None if lease is None else self._end(lease, "lease_released", reason=f"scope {unit} ended")[0]
+
     async def renew(self, lease_id: str, caller: Caller, ttl_seconds: float | None) -> Lease:
         """ttl_seconds: validated by the API (finite, > 0, within the cap); None renews with
         the lease's own ttl."""
