@@ -227,6 +227,10 @@ class Client:
         """Root only: end any lease (403 permission_denied for anyone else)."""
         return self.request("POST", f"/v1/leases/{lease_id}/revoke")
 
+    def place_in_scope(self, lease_id: str, pid: int) -> dict:
+        """Put process `pid` in the lease's systemd scope (POST /v1/leases/{id}/scope)."""
+        return self.request("POST", f"/v1/leases/{lease_id}/scope", {"pid": pid})
+
     def renew(self, lease_id: str, ttl_seconds: float | None = None) -> dict:
         body = {} if ttl_seconds is None else {"ttl_seconds": ttl_seconds}
         return self.request("POST", f"/v1/leases/{lease_id}/renew", body)

@@ -213,3 +213,20 @@ def test_without_systemd_the_answer_is_503_and_said_once(daemon_factory, tmp_pat
     assert health["status"] == "ok" and health["scopes"]["bus"] == "unreachable", health["scopes"]
     assert client.request("GET", f"/v1/leases/{lease['id']}")["scope"] is None
     assert daemon.log().count('"lease_scopes_unreachable"') == 1
+
+
+def test_topoctl_scope_places_a_pid_and_says_what_holds_it(daemon_factory, systemd, sleeper):
+    import sys
+
+    daemon = daemon_factory(config=CONFIG, env={"DBUS_SYSTEM_BUS_ADDRESS": systemd.address})
+    client = daemon.start()
+    lease = client.allocate(1, cpus_per_gpu=1)
+    pid = sleeper()
+    topoctl = [sys.executable, "-m", "topod.cli.topoctl", "--socket", daemon.socket]
+    done = subprocess.run([*topoctl, "scope", lease["id"], str(pid)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"pid {pid} in topod-lease-{lease['id']}.scope (new); enforcement none"
+    assert "only recorded" in done.stderr
+    assert systemd.units[f"topod-lease-{lease['id']}.scope"]["pids"] == [pid]
+    refused = subprocess.run([*topoctl, "scope", "nosuchlease", str(pid)], capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0 and "nosuchlease" in refused.stderr

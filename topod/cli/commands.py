@@ -259,6 +259,12 @@ def _revoke(p: argparse.ArgumentParser) -> None:
     _handler(p, "topod.cli.lease_cmd:run_revoke")
 
 
+def _scope(p: argparse.ArgumentParser) -> None:
+    p.add_argument("lease", help="lease id")
+    p.add_argument("pid", type=int, help="a running process of yours (or a descendant); root: any")
+    _handler(p, "topod.cli.lease_cmd:run_scope")
+
+
 def _renew(p: argparse.ArgumentParser) -> None:
     p.add_argument("lease", help="lease id")
     p.add_argument("--ttl", type=_seconds, default=None, metavar="SECONDS", help="new ttl (default: the lease's)")
@@ -318,6 +324,8 @@ COMMANDS: tuple[Command, ...] = (
     Command("release", "end a lease", _release),
     Command("renew", "extend a lease's ttl", _renew),
     Command("revoke", "end anyone's lease (root): its job's scope is stopped too", _revoke),
+    Command("scope", "put a running process in its lease's systemd scope (owner or root); the lease ends "
+                     "with the scope", _scope),
     Command("leases", "list leases", _leases),
     Command("watch", "follow the daemon's events", _watch),
     Command("status", "the daemon's health", _status),

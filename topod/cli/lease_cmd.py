@@ -86,6 +86,20 @@ def run_revoke(args) -> int:
     return 0
 
 
+def run_scope(args) -> int:
+    """topoctl scope LEASE PID: the process joins the lease's scope; the exit status says
+    whether it did (an API error exits as every command's does), stderr what holds its CPUs."""
+    answer = _client(args).place_in_scope(args.lease, args.pid)
+    if args.json:
+        print(json.dumps(answer))
+    else:
+        print(f"pid {answer['pid']} in {answer['scope']} ({'new' if answer['created'] else 'joined'}); "
+              f"enforcement {answer['enforcement']}")
+    if answer["enforcement"] != "cgroup":
+        print(f"topoctl scope: {answer['reason']}", file=sys.stderr)
+    return 0
+
+
 def run_renew(args) -> int:
     lease = _client(args).renew(args.lease, args.ttl)
     print(json.dumps(lease, indent=2) if args.json else f"renewed {lease['id']} until {local_time(lease['expires'])}")
