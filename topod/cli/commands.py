@@ -295,6 +295,9 @@ def _reload(p: argparse.ArgumentParser) -> None:
 
 def _run(p: argparse.ArgumentParser) -> None:
     _request_args(p)
+    p.add_argument("--journal", action="store_true",
+                   help="the command's stdout and stderr go to the journal, under its lease's scope "
+                        "(journalctl -u topod-lease-ID.scope); an error where no journald runs")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     _handler(p, "topod.cli.lease_cmd:run_run")
 

@@ -211,15 +211,23 @@ def _enclose(client, lease: dict, pid: int, cpus: list[int] | None, nodes: list[
             "host_enforcement": host.mode, "scope": scope}
 
 
-def _child(go: int, command: list[str], env: dict, pin) -> None:
+def _child(go: int, command: list[str], env: dict, pin, journal=None) -> None:
     """In the forked child: wait until the parent has put this process in its scope (or
-    given up on one), pin, exec. Never returns; EOF (the parent died) runs nothing."""
+    given up on one), pin, connect the output to the journal (from inside the scope, so
+    journald files it under the scope's unit), exec. Never returns; EOF (the parent died)
+    runs nothing."""
     code = 127
     try:
         if os.read(go, 1) != b"g":
             os._exit(125)
         os.close(go)
         pin()
+        if journal is not None:
+            try:
+                journal()
+            except OSError as exc:
+                os.write(2, f"topoctl run: --journal: {exc.strerror or exc}\n".encode())
+                os._exit(126)
         os.execvpe(command[0], command, env)
     except FileNotFoundError:
         os.write(2, f"topoctl run: {command[0]}: command not found\n".encode())
@@ -254,10 +262,26 @@ def run_run(args) -> int:
     if not command:
         print("topoctl run: no command given (topoctl run --gpus N -- CMD ...)", file=sys.stderr)
         return 2
+    journal = None
+    if getattr(args, "journal", False):
+        from topod import journalstream
+
+        try:  # before a lease is taken: no journald, no run
+            journalstream.check()
+        except OSError as exc:
+            print(f"topoctl run: --journal: {exc.strerror or exc}", file=sys.stderr)
+            return 1
+        identifier = (args.job or os.path.basename(command[0]) or "topoctl-run").replace("\n", " ")
+
+        def journal() -> None:
+            journalstream.redirect(identifier, unit)
     client = _client(args)
     body = _request_body(args)
     body["owner_pid"] = os.getpid()
     lease = client.allocate(args.gpus, **body)
+    from topod.scope import unit_name
+
+    unit = unit_name(lease["id"])
     env = dict(os.environ)
     env.update(lease.get("environment", {}))
     cpus = parse_cpulist(env.get("TOPOD_CPUS", "")) or None
@@ -289,7 +313,7 @@ def run_run(args) -> int:
     pid = os.fork()
     if pid == 0:
         os.close(go_write)
-        _child(go_read, command, env, pin)
+        _child(go_read, command, env, pin, journal)
     os.close(go_read)
     outcome: dict | None = None
     code: int | None = None
