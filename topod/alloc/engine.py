@@ -68,16 +68,40 @@ __all__ = ["Assessment", "FreeState", "allocate", "assess", "prepare", "set_cost
 DELTA_FRAG = 1e-7
 DEFAULT_POLICY = PolicySettings()
 SEARCH_MEMO = 2048  # searches remembered per host view (a few hundred KiB on 64 GPUs)
+DECISION_MEMO = 256  # decisions remembered per host view (frozen values, shared by the callers)
 
 
 def allocate(topology: Topology, distances: DistanceModel, state: FreeState, request: Request,
              policy: PolicySettings = DEFAULT_POLICY, *, waited_seconds: float = 0.0,
              ttl_seconds: float | None = None) -> Decision:
-    return _decide(host_view(topology, distances), state, request, policy, waited_seconds, ttl_seconds)
+    tau = 1.0 if request.level == "best" else topology_weight(request.priority, waited_seconds, ttl_seconds, policy)
+    return _remembered(host_view(topology, distances), state, request, policy, tau)
 
 
-def _decide(view: HostView, state: FreeState, request: Request, policy: PolicySettings,
-            waited_seconds: float = 0.0, ttl_seconds: float | None = None) -> Decision:
+def _remembered(view: HostView, state: FreeState, request: Request, policy: PolicySettings, tau: float) -> Decision:
+    """A decision is a function of the view, the free state, the request, the policy and
+    tau alone, and a frozen value: the last DECISION_MEMO are kept per view (oldest out),
+    so a state and request seen before (an allocate/release cycle, the empty host after
+    prepare) cost a lookup. Refusals are not kept: they raise before any search or after
+    a memoised one."""
+    key = (request, policy, tau, frozenset(state.busy_gpus), frozenset(state.busy_cpus),
+           frozenset(state.reserved_cpus), tuple(sorted(state.node_load.items())), frozenset(state.busy_nics),
+           tuple(sorted(state.nic_use.items())))
+    memo = view.decision_memo
+    try:
+        decision = memo.get(key)
+    except TypeError:  # a request built in code with a list where the schema gives a tuple
+        return _decide(view, state, request, policy, tau)
+    if decision is None:
+        decision = memo[key] = _decide(view, state, request, policy, tau)
+        if len(memo) > DECISION_MEMO:
+            del memo[next(iter(memo))]
+    return decision
+
+
+def _decide(view: HostView, state: FreeState, request: Request, policy: PolicySettings, tau: float) -> Decision:
+    """The decision; `tau` is the request's topology weight (policy.topology_weight; 1.0
+    at level best), the only thing the wait and the ttl change."""
     topology, distances = view.topology, view.distances
     k = request.gpus
     reasons: list[str] = []
@@ -96,7 +120,6 @@ def _decide(view: HostView, state: FreeState, request: Request, policy: PolicySe
         raise InsufficientGpusError(f"{k} GPUs requested; {len(free)} of the {len(eligible)} matching GPUs are free")
     limit = good_node_limit(view, k, eligible, must)
     ref_cost, ref_members = _reference(view, k, eligible, must, limit, policy.search_budget)
-    tau = 1.0 if request.level == "best" else topology_weight(request.priority, waited_seconds, ttl_seconds, policy)
     phi = packing_phi(view, busy, free)
     scale = packing_scale(tau, view.mean_weight, k) if tau < 1.0 else 0.0
     if scale:
@@ -209,7 +232,7 @@ def prepare(topology: Topology, distances: DistanceModel, state: FreeState | Non
     # free state: its search is then memoised and every lazily built table exists.
     for k in sizes:
         try:
-            _decide(view, state, Request(gpus=k, cpus_per_gpu="auto"), policy)
+            _remembered(view, state, Request(gpus=k, cpus_per_gpu="auto"), policy, topology_weight(0, 0.0, None, policy))
         except AllocationError:
             pass  # not grantable in this state: the references above still stand
     return view
@@ -309,27 +332,56 @@ def _backpressure(view, free, must, unary, node_cap, max_nodes, k, policy, state
 def _search(view, candidates, must, unary, node_cap, max_nodes, k, budget,
             busy: set[int] | None = None) -> SearchResult | None:
     """The minimum-objective set; given `busy` (a grant, not a reference), the look-ahead
-    chooses among the equal-cost ones. The result is a function of the arguments alone,
-    so it is memoised per view by their values (SEARCH_MEMO results, oldest out first):
-    a free state and request seen before costs a lookup, and prepare() fills the empty
-    host's so the first decision of each size is a warm one."""
+    chooses among the equal-cost ones.
+
+    Memoised per view (SEARCH_MEMO, oldest out) by the problem's shape, not its GPUs:
+    per class (static twin, per-GPU term, GPUs free, GPUs forced) in the problem's order,
+    the node caps and limits and, for the look-ahead, the free GPUs per twin class. Every
+    solver answers with how many GPUs of each class, taken first-listed first, so the
+    same shape gets the same counts whichever twins are free: the memo keeps the counts
+    and maps them onto this problem's GPUs. prepare() fills it for the empty host."""
     census = best_set_census(view) if busy is not None and DELTA_FRAG * k < DELTA_NODE / 2 else None
-    key = (k, tuple(candidates), frozenset(must), tuple([unary.get(p, 0.0) for p in candidates]) if unary else (),
-           tuple(sorted(node_cap.items())) if node_cap is not None else None, max_nodes, budget,
-           frozenset(busy) if census else None)
-    memo = view.search_memo
-    if key in memo:
-        return memo[key]
-    found = memo[key] = _solve(view, census, candidates, must, unary, node_cap, max_nodes, k, budget, busy)
-    if len(memo) > SEARCH_MEMO:
-        del memo[next(iter(memo))]
-    return found
-
-
-def _solve(view, census, candidates, must, unary, node_cap, max_nodes, k, budget, busy) -> SearchResult | None:
     if k == 1 and not must and not census:
         return solve_one(candidates, unary, view.node, node_cap)
     problem = build_problem(candidates, must, view.twin, view.node, view.search_weight, unary, node_cap, max_nodes)
+    twin = view.twin
+    key = (k, budget, max_nodes, tuple(sorted(node_cap.items())) if node_cap is not None else None,
+           tuple([(twin[group[0]], u, len(group), lo) for group, u, lo in zip(problem.members, problem.unary,
+                                                                                problem.lo)]),
+           tuple(_free_per_twin(view, busy)) if census else None)
+    memo = view.search_memo
+    known = memo.get(key)
+    if known is None:
+        found = _solve(view, census, problem, k, budget, busy)
+        memo[key] = _counts(problem, found) if found is not None else False
+        if len(memo) > SEARCH_MEMO:
+            del memo[next(iter(memo))]
+        return found
+    if known is False:
+        return None
+    counts, objective, exact, visited = known
+    members = sorted(p for group, n in zip(problem.members, counts) if n for p in group[:n])
+    return SearchResult(tuple(members), objective, exact, visited)
+
+
+def _counts(problem, found: SearchResult) -> tuple:  # noqa: ANN001 - search.Problem
+    """A result as GPUs per class of its problem (what the memo keeps)."""
+    where = {p: c for c, group in enumerate(problem.members) for p in group}
+    counts = [0] * len(problem.members)
+    for p in found.members:
+        counts[where[p]] += 1
+    return tuple(counts), found.objective, found.exact, found.visited
+
+
+def _free_per_twin(view: HostView, busy: set[int]) -> list[int]:
+    free_in = [0] * (max(view.twin) + 1)
+    for p in range(view.n):
+        if p not in busy:
+            free_in[view.twin[p]] += 1
+    return free_in
+
+
+def _solve(view, census, problem, k, budget, busy) -> SearchResult | None:
     if census:
         # phi < 1 per GPU, so sets within DELTA_FRAG x k differ only in the tie-break term
         ties = solve_ties(problem, k, DELTA_FRAG * k, budget=budget)
@@ -345,10 +397,7 @@ def _look_ahead(view: HostView, census: Census, busy: set[int], ties: list[Searc
     node keeps many; `ties` comes lowest objective first, so phi decides among equals."""
     if len(ties) == 1:
         return ties[0]
-    free_in = [0] * (max(view.twin) + 1)
-    for p in range(view.n):
-        if p not in busy:
-            free_in[view.twin[p]] += 1
+    free_in = _free_per_twin(view, busy)
     # One score per class mix left free: at most CENSUS_LIMIT of them per host.
     memo = view.cache.setdefault("sets_left", {})
     best, chosen = -1, ties[0]

@@ -46,6 +46,7 @@ class HostView:
     node_gpus: dict[int, int]  # node -> GPUs on it
     cache: dict = field(default_factory=dict)  # reference results (engine.py)
     search_memo: dict = field(default_factory=dict)  # search arguments -> result (engine._search)
+    decision_memo: dict = field(default_factory=dict)  # request, policy, free state -> Decision (engine.allocate)
     everyone: list[int] = field(default_factory=list)  # every position: an unfiltered request's candidates
 
     @property
@@ -88,6 +89,8 @@ def install_view(view: HostView) -> None:
             view.cache.setdefault(key, value)
         for key, value in old.search_memo.items():
             view.search_memo.setdefault(key, value)
+        for key, value in old.decision_memo.items():
+            view.decision_memo.setdefault(key, value)
     memo["host_view"] = view
 
 

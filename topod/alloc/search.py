@@ -62,16 +62,27 @@ def build_problem(candidates: list[int], must: set[int], twin: list[int], node: 
     u are not interchangeable)."""
     unary = unary or {}
     keyed: dict[tuple, list[int]] = {}
+    get = unary.get
     for position in candidates:
-        keyed.setdefault((twin[position], round(unary.get(position, 0.0), 12)), []).append(position)
-    members = [sorted(group, key=lambda p: (p not in must, p)) for group in keyed.values()]
+        key = (twin[position], round(get(position, 0.0), 12))
+        group = keyed.get(key)
+        if group is None:
+            keyed[key] = [position]
+        else:
+            group.append(position)
+    if must:
+        members = [sorted(group, key=lambda p: (p not in must, p)) for group in keyed.values()]
+        lo = [sum(1 for p in group if p in must) for group in members]
+    else:
+        members = [sorted(group) for group in keyed.values()]
+        lo = [0] * len(members)
     reps = [group[0] for group in members]
     return Problem(
         members=members,
-        lo=[sum(1 for p in group if p in must) for group in members],
-        unary=[unary.get(rep, 0.0) for rep in reps],
+        lo=lo,
+        unary=[get(rep, 0.0) for rep in reps],
         intra=[weight[group[0]][group[1]] if len(group) > 1 else 0.0 for group in members],
-        inter=[[weight[a][b] for b in reps] for a in reps],
+        inter=[[row[b] for b in reps] for row in [weight[a] for a in reps]],
         node=[node[rep] for rep in reps],
         node_cap=node_cap,
         max_nodes=max_nodes,
