@@ -156,6 +156,14 @@ class FakeSystemd:
         return "o", (unit_path(name),), []
 
     # -- the test's hands ------------------------------------------------------------------
+    def announce(self, name: str, state: str) -> None:
+        """A PropertiesChanged of ActiveState alone (systemd sends one as a unit is being
+        created, "inactive", before its start job makes it active)."""
+        kept = self.units.get(name)
+        self._send(self._ended_signals(name, state)[0])
+        if kept is not None:
+            self.units[name] = kept
+
     def end(self, name: str, state: str = "inactive") -> None:
         """The scope's last process exits: systemd's signals, as it sends them."""
         for signal in self._ended_signals(name, state):

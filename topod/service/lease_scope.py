@@ -9,8 +9,12 @@
   when the scope exists and the host enforces cpusets (topod.enforce), else `none` with
   the reason. The lease records its scope (and `cgroup`, when that holds it).
 - `watch`: an iteration of the supervised "scopes" loop. It subscribes to systemd's
-  signals (UnitRemoved; PropertiesChanged of units, for ActiveState) with jeepney's
-  asyncio router and ends the lease whose scope went away: signals, not polling. At each
+  UnitRemoved signal with jeepney's asyncio router and ends the lease whose scope went
+  away: signals, not polling. A scope is made with CollectMode=inactive-or-failed, so
+  systemd unloads it (UnitRemoved) as soon as it is inactive or failed. PropertiesChanged
+  (ActiveState) is not used: a transient unit announces itself "inactive" while it is
+  being created, and that signal can be read after the start job is done (seen under
+  systemd 252: it ended a lease just placed). At each
   (re)connection it checks the scopes leases recorded, so one that ended while topod was
   down (or the bus was) ends its lease too. An unreachable bus is said once (log
   `lease_scopes_unreachable`, /v1/health `scopes`), retried quietly, and degrades nothing:
@@ -29,15 +33,12 @@ import structlog
 
 from topod.alloc.errors import InvalidRequestError
 from topod.errors import UnavailableError
-from topod.scope import MANAGER, MANAGER_PATH, SYSTEMD, ScopeError, ScopeSpec, lease_of_unit, unit_of_path
+from topod.scope import MANAGER, MANAGER_PATH, SYSTEMD, ScopeError, ScopeSpec, lease_of_unit
 
 log = structlog.get_logger("topod")
 
 RETRY_SECONDS = 60.0  # an unreachable bus is tried again this often
 IDLE_SECONDS = 30.0  # without a signal this long, the bus connection is checked (and the loop beats)
-ENDED_STATES = ("inactive", "failed")
-UNIT_INTERFACE = "org.freedesktop.systemd1.Unit"
-PROPERTIES = "org.freedesktop.DBus.Properties"
 
 
 def pid_of_body(body: Any, pid_max: int) -> int:
@@ -170,12 +171,8 @@ class LeaseScopes:
                 self._exit = stack
                 self._signals = asyncio.Queue()  # unbounded: a signal is never dropped
                 removed = MatchRule(type="signal", interface=MANAGER, member="UnitRemoved", path=MANAGER_PATH)
-                changed = MatchRule(type="signal", interface=PROPERTIES, member="PropertiesChanged",
-                                    path_namespace=f"{MANAGER_PATH}/unit")
-                changed.add_arg_condition(0, UNIT_INTERFACE)
-                for rule in (removed, changed):
-                    stack.enter_context(self._router.filter(rule, queue=self._signals))
-                    await self._add_match(rule)
+                stack.enter_context(self._router.filter(removed, queue=self._signals))
+                await self._add_match(removed)
                 await self._ask("Subscribe")  # systemd sends unit signals only while someone subscribes
             self._watching = True
         except BaseException:
@@ -224,21 +221,10 @@ class LeaseScopes:
                     self._ended(lease.scope, "gone when topod looked")
 
     def _handle(self, message) -> None:
-        member = message.header.fields.get(_member_field())
-        if member == "UnitRemoved":
+        from jeepney import HeaderFields
+
+        if message.header.fields.get(HeaderFields.member) == "UnitRemoved":
             self._ended(message.body[0], "removed")
-            return
-        interface, changed = message.body[0], message.body[1]
-        state = changed.get("ActiveState")
-        if interface != UNIT_INTERFACE or state is None or state[1] not in ENDED_STATES:
-            return
-        unit = unit_of_path(message.header.fields.get(_path_field(), ""))
-        lease_id = lease_of_unit(unit or "")
-        lease = self.alloc.store.get(lease_id) if lease_id else None
-        # Only a scope the lease recorded (it was active then): a unit being created may
-        # announce itself inactive before its start job makes it active.
-        if lease is not None and lease.scope == unit:
-            self._ended(unit, state[1])
 
     def _ended(self, unit: str, how: str) -> None:
         lease_id = lease_of_unit(unit)
@@ -296,14 +282,3 @@ def _place(spec: ScopeSpec) -> bool:
 
     return place_pid(spec)
 
-
-def _member_field():
-    from jeepney import HeaderFields
-
-    return HeaderFields.member
-
-
-def _path_field():
-    from jeepney import HeaderFields
-
-    return HeaderFields.path
