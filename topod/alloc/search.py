@@ -118,6 +118,8 @@ def solve_ties(problem: Problem, k: int, slack: float, limit: int = TIE_LIMIT,
         found = _single_ties(problem, slack)
     elif k == 2:
         found = _pair_ties(problem, cap, slack)
+    elif problem.max_nodes == 1 and len(set(problem.node)) > 1:
+        return _ties_per_node(problem, k, slack, limit, budget)
     else:
         neighbours = _neighbours(problem, cap)
         incumbent = _greedy_incumbent(problem, cap, k, neighbours)
@@ -128,7 +130,53 @@ def solve_ties(problem: Problem, k: int, slack: float, limit: int = TIE_LIMIT,
             return None
         found = [SearchResult(_chosen(problem, order, counts), objective, True, best.visited)
                  for objective, counts in kept if objective <= best.objective + slack]
-    found.sort(key=lambda result: (result.objective, result.members))
+    found = _in_order(found)
+    return found if 0 < len(found) <= limit else None
+
+
+def _in_order(found: list[SearchResult]) -> list[SearchResult]:
+    """Lowest objective first; objectives equal but for rounding (one set summed in
+    another order) count as equal, and the lower positions come first among them, so
+    the order does not depend on how a search added the terms up."""
+    found = sorted(found, key=lambda result: result.objective)
+    out: list[SearchResult] = []
+    start = 0
+    for i in range(1, len(found) + 1):
+        if i == len(found) or found[i].objective > found[start].objective + _eps(found[start].objective):
+            out.extend(sorted(found[start:i], key=lambda result: result.members))
+            start = i
+    return out
+
+
+def _ties_per_node(problem: Problem, k: int, slack: float, limit: int, budget: int) -> list[SearchResult] | None:
+    """solve_ties when the set must lie on one node: each node's classes alone (a much
+    smaller search, or the node's only set when it has exactly k free), then the sets
+    within slack of the least of them, lowest first, as the whole search gives them."""
+    found: list[SearchResult] = []
+    crowded: list[float] = []  # the minimum of a node with more than `limit` near-equal sets
+    for v in dict.fromkeys(problem.node):
+        on = [c for c in range(len(problem.members)) if problem.node[c] == v]
+        if any(problem.lo[c] for c in range(len(problem.members)) if problem.node[c] != v):
+            continue  # a forced GPU lies elsewhere
+        sub = Problem(members=[problem.members[c] for c in on], lo=[problem.lo[c] for c in on],
+                      unary=[problem.unary[c] for c in on], intra=[problem.intra[c] for c in on],
+                      inter=[[problem.inter[a][b] for b in on] for a in on], node=[v] * len(on),
+                      node_cap=problem.node_cap, max_nodes=1)
+        ties = solve_ties(sub, k, slack, limit, budget)
+        if ties is not None:
+            found.extend(ties)
+            continue
+        least = solve(sub, k, budget)
+        if least is not None:  # a set exists, but too many tie or the budget ran out
+            if not least.exact:
+                return None
+            crowded.append(least.objective)
+    if not found and not crowded:
+        return None
+    low = min([result.objective for result in found] + crowded)
+    if any(objective <= low + slack for objective in crowded):
+        return None
+    found = _in_order([result for result in found if result.objective <= low + slack])
     return found if 0 < len(found) <= limit else None
 
 
