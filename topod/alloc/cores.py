@@ -80,7 +80,7 @@ class CoreChoice:
     reasons: tuple[str, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # built per node per decision: not frozen, whose __init__ is slower
 class _NodeCores:
     all_cores: list[Core]  # every core of the node in CPU order (defines contiguity)
     usable: frozenset[Core] | set[Core]  # cores free of excluded, leased and reserved CPUs
@@ -102,6 +102,7 @@ class CoreMap:
     nodes: dict[int, tuple[list[Core], dict[Core, int], frozenset[Core]]]
     core_of: dict[int, tuple[tuple[int, Core], ...]] = field(default_factory=dict)
     local: dict[str, frozenset[int]] = field(default_factory=dict)
+    whole: dict[int, _NodeCores] = field(default_factory=dict)  # node_cores of a node nothing excludes from
 
 
 def core_map(topology: Topology) -> CoreMap:
@@ -141,7 +142,10 @@ def node_cores(topology: Topology, excluded: set[int] | frozenset[int],
     for c in excluded:
         for node, core in core_of.get(c, ()):
             blocked.setdefault(node, set()).add(core)
-    return {node: _NodeCores(ordered, eligible - blocked[node] if node in blocked else eligible, llc)
+    whole = cmap.whole
+    if not whole:  # each node with nothing excluded, built once per map and shared (read only)
+        whole.update({node: _NodeCores(ordered, eligible, llc) for node, (ordered, llc, eligible) in cmap.nodes.items()})
+    return {node: _NodeCores(ordered, eligible - blocked[node], llc) if node in blocked else whole[node]
             for node, (ordered, llc, eligible) in cmap.nodes.items()}
 
 

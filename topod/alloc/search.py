@@ -31,7 +31,7 @@ SEEDS = 4
 TIE_LIMIT = 64  # more near-equal sets than this: the caller keeps solve's choice
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ sets each field through object.__setattr__
 class Problem:
     members: list[list[int]]  # class -> positions (must_include ones first)
     lo: list[int]  # class -> GPUs it must give
@@ -242,28 +242,46 @@ def _single(problem: Problem) -> SearchResult | None:
 
 def _single_ties(problem: Problem, slack: float) -> list[SearchResult]:
     """One GPU per class whose node has room, within slack of the cheapest, in class order."""
-    open_ = [c for c in range(len(problem.members)) if _fits_nodes(problem, {c: 1}, 1)]
+    node_cap, node = problem.node_cap, problem.node
+    if problem.max_nodes is not None and problem.max_nodes < 1:
+        open_ = []
+    else:  # _fits_nodes for one GPU of class c, inline
+        open_ = [c for c in range(len(problem.members)) if node_cap is None or node_cap.get(node[c], 1) >= 1]
     low = min((problem.unary[c] for c in open_), default=0.0)
     return [SearchResult((problem.members[c][0],), problem.unary[c], True, 1)
             for c in open_ if problem.unary[c] <= low + slack]
 
 
 def _pair_ties(problem: Problem, cap: list[int], slack: float) -> list[SearchResult]:
-    """Two GPUs: every class pair directly (cheaper than a search with loosened bounds)."""
-    found = []
+    """Two GPUs: every class pair directly (cheaper than a search with loosened bounds);
+    what _fits_nodes and the forced counts allow, checked inline (the commonest search)."""
+    lo, node, node_cap, max_nodes = problem.lo, problem.node, problem.node_cap, problem.max_nodes
+    unary, intra, members = problem.unary, problem.intra, problem.members
+    forced = sum(lo)
+    pairs: list[tuple[float, int, int]] = []
     for a in range(len(cap)):
-        for b in range(a, len(cap)):
-            take = {a: 2} if a == b else {a: 1, b: 1}
-            if (any(cap[c] < n or problem.lo[c] > n for c, n in take.items())
-                    or sum(problem.lo[c] for c in take) < sum(problem.lo)):
+        ua, la, va, row = unary[a], lo[a], node[a], problem.inter[a]
+        if (cap[a] >= 2 and forced <= la <= 2 and (max_nodes is None or max_nodes >= 1)
+                and (node_cap is None or node_cap.get(va, 2) >= 2)):
+            pairs.append((ua + ua + intra[a], a, a))
+        if la > 1:
+            continue
+        for b in range(a + 1, len(cap)):
+            lb = lo[b]
+            if lb > 1 or la + lb < forced:
                 continue
-            if not _fits_nodes(problem, take, 2):
+            vb = node[b]
+            if va == vb:
+                if node_cap is not None and node_cap.get(va, 2) < 2:
+                    continue
+            elif ((max_nodes is not None and max_nodes < 2)
+                  or (node_cap is not None and (node_cap.get(va, 2) < 1 or node_cap.get(vb, 2) < 1))):
                 continue
-            pair = problem.intra[a] if a == b else problem.inter[a][b]
-            members = problem.members[a][:2] if a == b else [problem.members[a][0], problem.members[b][0]]
-            found.append(SearchResult(tuple(sorted(members)), problem.unary[a] + problem.unary[b] + pair, True, 1))
-    low = min((result.objective for result in found), default=0.0)
-    return [result for result in found if result.objective <= low + slack]
+            pairs.append((ua + unary[b] + row[b], a, b))
+    low = min((objective for objective, _, _ in pairs), default=0.0)
+    return [SearchResult(tuple(sorted(members[a][:2] if a == b else (members[a][0], members[b][0]))), objective,
+                         True, 1)
+            for objective, a, b in pairs if objective <= low + slack]
 
 
 def _neighbours(problem: Problem, cap: list[int]) -> list[list[tuple[float, int, int]]]:
