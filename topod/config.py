@@ -105,8 +105,9 @@ SCHEMA: dict[str, dict[str, tuple[object, object]]] = {
     "watchdog": {
         "loop_deadline_seconds": (float, 60.0),
     },
-    "isolate": {  # topod.isolate: keep everything outside leases off leased CPUs (affinity mode)
+    "isolate": {  # keep everything outside leases off leased CPUs: topod.isolate (affinity), topod.slices (cgroup)
         "system": (bool, False),
+        "method": (str, "auto"),
         "interval_seconds": (float, 5.0),
     },
     "export": {
@@ -145,6 +146,7 @@ CHOICES = {
     ("irq", "mode"): IRQ_MODES,
     ("irq", "irqbalance"): IRQBALANCE_CHOICES,
     ("udev", "source"): ("udev", "kernel"),
+    ("isolate", "method"): ("auto", "affinity", "cgroup"),
     ("daemon", "sqlite_synchronous"): SYNCHRONOUS,
     ("log", "level"): ("debug", "info", "warning", "error"),
     ("log", "format"): ("auto", "console", "json", "journal"),

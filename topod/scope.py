@@ -268,3 +268,38 @@ def stop_scope(name: str, timeout: float = BUS_TIMEOUT_SECONDS) -> bool:
             return False
         raise
     return result == "done"
+
+
+# --- a unit's AllowedCPUs= (topod.slices: live isolation on cgroup v2) -----------------------
+
+def cpus_of_mask(mask: bytes) -> tuple[int, ...]:
+    """bitmask's inverse: the ids set in an AllowedCPUs= D-Bus value."""
+    return tuple(byte * 8 + bit for byte, value in enumerate(mask) for bit in range(8) if value >> bit & 1)
+
+
+def _unit_interface(name: str) -> str:
+    kind = name.rsplit(".", 1)[-1]
+    return f"org.freedesktop.systemd1.{kind.capitalize()}"
+
+
+def unit_allowed_cpus(name: str, timeout: float = BUS_TIMEOUT_SECONDS) -> tuple[int, ...]:
+    """The unit's AllowedCPUs= (() when it has none: no restriction)."""
+    from jeepney import DBusAddress, Properties
+    from jeepney.wrappers import DBusErrorResponse, unwrap_msg
+
+    with _connect() as conn:
+        path = _call(conn, "LoadUnit", "s", (name,), timeout)[0]
+        unit = DBusAddress(path, bus_name=SYSTEMD, interface=_unit_interface(name))
+        try:
+            signature, value = unwrap_msg(conn.send_and_get_reply(Properties(unit).get("AllowedCPUs"),
+                                                                  timeout=timeout))[0]
+        except DBusErrorResponse as exc:
+            raise ScopeError(_explain(exc)) from exc
+    return cpus_of_mask(bytes(value))
+
+
+def set_allowed_cpus(name: str, cpus: Iterable[int], timeout: float = BUS_TIMEOUT_SECONDS) -> None:
+    """AllowedCPUs= of a unit as a runtime property (SetUnitProperties, runtime=true: under
+    /run, gone at reboot); no CPUs resets it (no restriction)."""
+    with _connect() as conn:
+        _call(conn, "SetUnitProperties", "sba(sv)", (name, True, [("AllowedCPUs", ("ay", bitmask(cpus)))]), timeout)

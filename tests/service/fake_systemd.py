@@ -15,6 +15,8 @@ import threading
 import time
 from pathlib import Path
 
+from topod.scope import bitmask, cpus_of_mask
+
 CONFIG = """<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
  "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
 <busconfig>
@@ -54,6 +56,9 @@ class FakeSystemd:
         self.address = f"unix:path={self.socket}"
         self.units: dict[str, dict] = {}  # name -> {"properties": {...}, "pids": [...], "state": ...}
         self.calls: list[tuple[str, tuple]] = []
+        # The slices' AllowedCPUs= (topod.slices), () = no restriction, and each runtime set.
+        self.allowed: dict[str, tuple[int, ...]] = {"system.slice": (), "user.slice": (), "init.scope": ()}
+        self.set_calls: list[tuple[str, tuple[int, ...]]] = []
         self.refuse: dict[str, tuple[str, str]] = {}  # method -> (error name, message)
         self._jobs = itertools.count(1)
         self._lock = threading.Lock()
@@ -102,7 +107,8 @@ class FakeSystemd:
         if handler is None:
             self._send(new_error(message, "org.freedesktop.DBus.Error.UnknownMethod", "s", (member,)))
             return
-        outcome = handler(*message.body)
+        outcome = handler(message.header.fields.get(HeaderFields.path), *message.body) if member == "Get" \
+            else handler(*message.body)
         if isinstance(outcome, tuple) and outcome and outcome[0] == "error":
             self._send(new_error(message, outcome[1], "s", (outcome[2],)))
             return
@@ -149,6 +155,24 @@ class FakeSystemd:
             return ("error", "org.freedesktop.systemd1.NoSuchUnit", f"Unit {name} not loaded.")
         job = f"{MANAGER_PATH}/job/{next(self._jobs)}"
         return "o", (job,), [*self._ended_signals(name), self._job_done(job, name)]
+
+    def _do_LoadUnit(self, name):
+        return "o", (unit_path(name),), []
+
+    def _do_Get(self, path, interface, prop):
+        """Properties.Get of a unit's AllowedCPUs= (the one property topod reads this way)."""
+        name = next((n for n in self.allowed if unit_path(n) == path), None)
+        if prop != "AllowedCPUs" or name is None:
+            return ("error", "org.freedesktop.DBus.Error.UnknownProperty", f"{path} {interface}.{prop}")
+        return "v", (("ay", bitmask(self.allowed[name])),), []
+
+    def _do_SetUnitProperties(self, name, runtime, properties):
+        props = dict(properties)
+        if not runtime or set(props) != {"AllowedCPUs"}:
+            return ("error", "org.freedesktop.DBus.Error.InvalidArgs", "only runtime AllowedCPUs= here")
+        self.allowed[name] = cpus_of_mask(bytes(props["AllowedCPUs"][1]))
+        self.set_calls.append((name, self.allowed[name]))
+        return None, (), []
 
     def _do_GetUnit(self, name):
         if name not in self.units:

@@ -111,6 +111,10 @@ class Daemon:
 
             self._own_cpus = frozenset(os.sched_getaffinity(0))
             self.isolation = Isolation(self.host, config.get("daemon", "state_dir"))
+        from topod.slices import SliceIsolation
+
+        # cgroup v2: system.slice, user.slice, init.scope narrowed instead (its own record).
+        self.slices = SliceIsolation(config.get("daemon", "state_dir"))
         self._load = NodeLoadSampler(self.host)
         self._tasks: asyncio.TaskGroup | None = None
         self._loops: dict[str, asyncio.Task] = {}
@@ -389,6 +393,8 @@ class Daemon:
         if self.isolation is not None and self.isolation.record:  # left by a crash: give it back
             restored = await asyncio.to_thread(self.isolation.restore)
             log.info("isolation_restored", after="crash", **restored)
+        if self.slices.record:
+            await self._restore_slices("crash")
         runner = await serve(self, self.config, listen)
         self.api_address = next((a for a in runner.addresses if isinstance(a, str) and a), None)
         metrics_runner = None
@@ -429,6 +435,8 @@ class Daemon:
                 self.probe.close()
             if self.isolation is not None and self.isolation.record:
                 log.info("isolation_restored", after="stop", **await asyncio.to_thread(self.isolation.restore))
+            if self.slices.record:
+                await self._restore_slices("stop")
             await asyncio.to_thread(self.store.close)
             if self.state_lock is not None:
                 self.state_lock.close()
@@ -468,7 +476,7 @@ class Daemon:
                        != self.config.get("daemon", "rescan_interval_seconds")),
             "irq": (self.config.get("irq", "mode") != "off", changed("irq")),
             "probe": (bool(self.config.get("probe", "enabled")), changed("probe")),
-            "isolate": (self.isolation is not None, changed("isolate")),
+            "isolate": (self.isolation is not None or self.isolation_method() == "cgroup", changed("isolate")),
             "scopes": (True, False),
         }
         for name, (want, restart) in wanted.items():
@@ -592,14 +600,23 @@ class Daemon:
         await self._supervised("isolate", iteration, self._deadline(interval))
 
     def _isolate_once(self, leased: frozenset[int], owners: frozenset[int], system: bool) -> None:
-        """In a worker thread: topod off leased CPUs; with [isolate] system, everyone else too."""
+        """In a worker thread: topod off leased CPUs; with [isolate] system, everyone else too
+        (cgroup: the slices' AllowedCPUs=; affinity: each thread's)."""
         from topod.isolate import keep_off
 
-        assert self.isolation is not None
-        if self._kept_off != leased:
+        if self.isolation is not None and self._kept_off != leased:
             keep_off(self.host, leased, self._own_cpus)
             self._kept_off = leased
-        if system:
+        cgroup = system and self.isolation_method() == "cgroup"
+        housekeeping = tuple(c for c in self.state.topology.online_cpus if c not in leased) \
+            if cgroup and leased else ()
+        if housekeeping or self.slices.record:
+            result = self.slices.apply(housekeeping)
+            if result["narrowed_now"] or result["restored_now"] or result["left_alone"] or result["failed"]:
+                log.info("isolation_applied" if housekeeping else "isolation_restored", method="cgroup", **result)
+        if self.isolation is None:
+            return
+        if system and not cgroup:
             before = self.isolation.last.get("threads_narrowed", 0)
             result = self.isolation.apply(leased, owners)
             if result.get("narrowed_now") or result.get("restored_now") or before != result["threads_narrowed"]:
@@ -619,7 +636,26 @@ class Daemon:
         gpus = {gpu.index: gpu for gpu in self.state.topology.gpus}
         return tuple(gpus[i].device_number if i in gpus else i for i in lease.gpus)
 
+    def isolation_method(self) -> str | None:
+        """cgroup (the slices) or affinity (the threads); None: nothing can be isolated here."""
+        method = self.config.get("isolate", "method")
+        if method == "auto":
+            return "cgroup" if self.enforcement.mode == "cgroup" else "affinity" if self.isolation is not None else None
+        return method if method == "cgroup" or self.isolation is not None else None
+
+    async def _restore_slices(self, after: str) -> None:
+        try:
+            log.info("isolation_restored", after=after, method="cgroup", **await asyncio.to_thread(self.slices.restore))
+        except Exception as exc:  # noqa: BLE001 - kept in the record: tried again at the next start
+            log.error("isolation_not_restored", after=after, method="cgroup", error=str(exc), record=self.slices.path)
+
     def isolation_health(self) -> dict:
+        if self.isolation_method() == "cgroup":
+            effective = self.enforcement.mode == "cgroup"
+            return {"system": bool(self.config.get("isolate", "system")), "method": "cgroup",
+                    "effective": effective, "reason": None if effective else
+                    f"AllowedCPUs= is recorded on the slices but has no effect here: {self.enforcement.reason}",
+                    **self.slices.last}
         if self.isolation is None:
             return {"system": bool(self.config.get("isolate", "system")), "active": False,
                     "reason": f"enforcement none: {self.enforcement.reason}"}
