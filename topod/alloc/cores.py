@@ -381,18 +381,19 @@ def _pick(cores: _NodeCores | None, taken: set[Core], need: int, local: set[int]
     if cores is None:
         return None
     ordered, usable, llc = cores.all_cores, cores.usable, cores.llc
-    ok = [core in usable and core not in taken for core in ordered]
-    if sum(len(core) for core, free in zip(ordered, ok) if free) < need:
-        return None
     best: tuple[tuple, list[Core]] | None = None
     n, start = len(ordered), 0
     while start < n:  # need >= 1: callers ask for at least one CPU
-        if not ok[start]:
+        core = ordered[start]
+        if core not in usable or core in taken:
             start += 1
             continue
         have, end = 0, start
-        while end < n and ok[end]:
-            have += len(ordered[end])
+        while end < n:
+            core = ordered[end]
+            if core not in usable or core in taken:
+                break
+            have += len(core)
             end += 1
             if have >= need:
                 break
@@ -410,8 +411,10 @@ def _pick(cores: _NodeCores | None, taken: set[Core], need: int, local: set[int]
         start += 1
     if best is not None:
         return best[1]
+    free = [core for core in ordered if core in usable and core not in taken]
+    if sum(len(core) for core in free) < need:
+        return None
     # No contiguous window: the fullest L3 domains first, cores in order.
-    free = [core for core, available in zip(ordered, ok) if available]
     per_llc: dict[int, int] = {}
     for core in free:
         per_llc[cores.llc[core]] = per_llc.get(cores.llc[core], 0) + len(core)

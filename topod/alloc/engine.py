@@ -59,7 +59,7 @@ from topod.alloc.hostview import DELTA_NODE, Census, HostView, best_set_census, 
 from topod.alloc.nics import pair_nics, tie_break_terms
 from topod.alloc.policy import PolicySettings, backpressure_penalty, packing_scale, topology_weight
 from topod.alloc.request import Decision, FreeState, Performance, Placement, Request
-from topod.alloc.search import SearchResult, build_problem, solve, solve_one, solve_ties
+from topod.alloc.search import SearchResult, build_problem, one_ties, solve, solve_one, solve_ties
 from topod.distance import DistanceModel
 from topod.model import Topology
 
@@ -341,8 +341,12 @@ def _search(view, candidates, must, unary, node_cap, max_nodes, k, budget,
     same shape gets the same counts whichever twins are free: the memo keeps the counts
     and maps them onto this problem's GPUs. prepare() fills it for the empty host."""
     census = best_set_census(view) if busy is not None and DELTA_FRAG * k < DELTA_NODE / 2 else None
-    if k == 1 and not must and not census:
-        return solve_one(candidates, unary, view.node, node_cap)
+    if k == 1 and not must:
+        if not census:
+            return solve_one(candidates, unary, view.node, node_cap)
+        ties = one_ties(candidates, view.twin, unary, view.node, node_cap, max_nodes, DELTA_FRAG)
+        if ties:
+            return _look_ahead(view, census, busy, ties)
     problem = build_problem(candidates, must, view.twin, view.node, view.search_weight, unary, node_cap, max_nodes)
     twin = view.twin
     key = (k, budget, max_nodes, tuple(sorted(node_cap.items())) if node_cap is not None else None,

@@ -212,6 +212,29 @@ def solve_one(candidates: list[int], unary: dict[int, float], node: list[int],
     return SearchResult((pick,), best, True, 1)
 
 
+def one_ties(candidates: list[int], twin: list[int], unary: dict[int, float], node: list[int],
+             node_cap: dict[int, int] | None, max_nodes: int | None, slack: float,
+             limit: int = TIE_LIMIT) -> list[SearchResult] | None:
+    """solve_ties(build_problem(candidates, set(), twin, node, w, unary, node_cap,
+    max_nodes), 1, slack) without building the class matrix: one GPU, nothing forced,
+    so only the per-GPU terms and the node caps matter. Per class (twin, term) its first
+    GPU; the open ones within slack of the cheapest, in order; None as solve_ties."""
+    if max_nodes is not None and max_nodes < 1:
+        return None
+    first: dict[tuple, int] = {}
+    get = unary.get
+    for p in candidates:
+        key = (twin[p], round(get(p, 0.0), 12))
+        if key not in first or p < first[key]:
+            first[key] = p
+    open_ = [p for p in first.values() if node_cap is None or node_cap.get(node[p], 1) >= 1]
+    if not open_:
+        return None
+    low = min(get(p, 0.0) for p in open_)
+    found = _in_order([SearchResult((p,), get(p, 0.0), True, 1) for p in open_ if get(p, 0.0) <= low + slack])
+    return found if len(found) <= limit else None
+
+
 def _fits_nodes(problem: Problem, take: dict[int, int], k: int) -> bool:
     """Taking take[c] GPUs of each class c stays within max_nodes and every node's cap."""
     per_node: dict[int, int] = {}
