@@ -11,8 +11,15 @@ server's event-loop thread, its other threads, its child processes; the client's
 times), which a noisy shared machine moves far less than it moves rates.
 topod runs once more with IRQ balancing on (dry-run, default interval) for the
 saturation figure with the balancer's re-planning in play. Prints the load average too:
-a noisy machine shows there. Also GET /v1/topology's body built per reader on the loop
-against the one cached per topology version (`python bench/api.py topology`: that alone)."""
+a noisy machine shows there. Beside them the physical floor: one small write and its
+fsync on the state dir's filesystem, against which each single-client allocate and
+release p50 is set (goal: floor + 0.5 ms), and the issue-26 goals line per topod row
+(>= 0.75 of the bare server's rate; the event loop's CPU with and without the
+allocation decision's share, read from /metrics; open-loop p99 within 3x the bare
+server's). Also GET /v1/topology's body built per reader on the loop against the one
+cached per topology version (`python bench/api.py topology`: that alone).
+`python bench/api.py saturation N`: only the saturation figure, bare and topod (FULL)
+alternated N times, medians of the ratio and of each party's event-loop CPU."""
 
 from __future__ import annotations
 
@@ -95,18 +102,62 @@ def saturate(sock: str) -> tuple[float, list[float], int]:
     return len(latencies) / (time.perf_counter() - began), latencies, failures
 
 
-def single(sock: str) -> list[float]:
+def single(sock: str) -> tuple[list[float], list[float], list[float]]:
+    """One client alone: (round trips, allocates, releases), each in seconds."""
     from topod.client import Client
 
     client = Client(sock)
-    out = []
+    trips, allocates, releases = [], [], []
     for i in range(SINGLE + 20):
         started = time.perf_counter()
         lease = client.allocate(1, level="any", cpus_per_gpu=0)
+        granted = time.perf_counter()
         client.release(lease["id"])
         if i >= 20:
-            out.append(time.perf_counter() - started)
-    return out
+            ended = time.perf_counter()
+            trips.append(ended - started)
+            allocates.append(granted - started)
+            releases.append(ended - granted)
+    return trips, allocates, releases
+
+
+def fsync_floor(directory: Path, rounds: int = 200) -> list[float]:
+    """The physical floor of a durable grant: one small write and its fsync on the state
+    dir's filesystem (what a FULL commit of a WAL frame waits for), in seconds."""
+    path = directory / "fsync-floor"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        out = []
+        for i in range(rounds + 10):
+            started = time.perf_counter()
+            os.pwrite(fd, b"x" * 4096, (i % 64) * 4096)
+            os.fsync(fd)
+            if i >= 10:
+                out.append(time.perf_counter() - started)
+        return out
+    finally:
+        os.close(fd)
+        path.unlink()
+
+
+def decision_seconds(sock: str) -> tuple[float, int]:
+    """(sum, count) of topod's allocation decisions so far, from /metrics."""
+    import socket as _socket
+
+    with _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM) as conn:
+        conn.settimeout(10)
+        conn.connect(sock)
+        conn.sendall(b"GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")
+        data = b""
+        while chunk := conn.recv(65536):
+            data += chunk
+    found = {}
+    for line in data.decode().splitlines():
+        for key in ("topod_allocation_decision_seconds_sum", "topod_allocation_decision_seconds_count"):
+            if line.startswith(key + " "):
+                found[key] = float(line.split()[1])
+    return found.get("topod_allocation_decision_seconds_sum", 0.0), int(found.get(
+        "topod_allocation_decision_seconds_count", 0))
 
 
 def open_loop(sock: str) -> list[float]:
@@ -200,28 +251,33 @@ def client_cpu() -> float:
     return used.user + used.system
 
 
-def measure(command: list[str], sock: str, commits=None) -> dict:
+def measure(command: list[str], sock: str, commits=None, decisions: bool = False) -> dict:
     process = subprocess.Popen(command, stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                env=dict(os.environ, PYTHONPATH=str(REPO)))
     try:
         wait_ready(sock)
         # CPU per round trip under saturation: steadier than rates on a shared VM, where the
         # client, the event loop and the server's threads share the same two cores.
+        decided_before = decision_seconds(sock) if decisions else (0.0, 0)
         before, client_before = server_cpu(process.pid), client_cpu()
         rate, latencies, failures = saturate(sock)
         after, client_after = server_cpu(process.pid), client_cpu()
+        decided_after = decision_seconds(sock) if decisions else (0.0, 0)
         trips = max(1, len(latencies))
         cpu_us = {key: (after[key] - before[key]) / trips * 1e6 for key in after}
         cpu_us["client"] = (client_after - client_before) / trips * 1e6
-        alone = single(sock)
+        decision_us = (decided_after[0] - decided_before[0]) / trips * 1e6
+        alone, allocates, releases = single(sock)
         scheduled = open_loop(sock)
         extra = commits(sock) if commits else ""
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=30)
     return {"rate": rate, "cpu_us": cpu_us, "p50_64": statistics.median(latencies), "p99_64": p99(latencies),
-            "failures": failures,
+            "failures": failures, "decision_us": decision_us,
             "p50_1": statistics.median(alone), "p99_1": p99(alone), "extra": extra,
+            "alloc_p50": statistics.median(allocates), "alloc_p99": p99(allocates),
+            "release_p50": statistics.median(releases), "release_p99": p99(releases),
             "p50_open": statistics.median(scheduled), "p99_open": p99(scheduled)}
 
 
@@ -278,10 +334,69 @@ def topology_figures(root: Path, reads: int = 30) -> str:
             f"cached per version {a * 1e6:.1f} us ({b / a:.0f}x less), {len(per_reader())} bytes")
 
 
+def saturation_rounds(rounds: int) -> int:
+    """Bare server and topod (FULL, IRQ off) alternated `rounds` times, saturation only:
+    medians of the rate ratio and of each party's event-loop CPU per round trip."""
+    from topod.hostspec import build_host
+    from topod.hostspec.synthetic import spec_64
+
+    ratios, loops, bare_loops, decisions = [], [], [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        (work / "bare.py").write_text(BARE_SERVER)
+        root = build_host(spec_64(), work / "host")
+        (work / "full.toml").write_text('[irq]\nmode = "off"\n[probe]\nenabled = false\n')
+        for i in range(rounds):
+            figures = []
+            for kind in ("bare", "topod"):
+                sock = str(work / f"{kind}{i}.sock")
+                command = ([sys.executable, str(work / "bare.py"), sock] if kind == "bare" else
+                           [sys.executable, "-m", "topod.service.main", "--root", str(root), "--socket", sock,
+                            "--state-dir", str(work / f"state{i}"), "--config", str(work / "full.toml"),
+                            "--log-format", "json"])
+                figures.append(measure_saturation(command, sock, decisions=kind == "topod"))
+            bare, topod = figures
+            ratios.append(topod["rate"] / bare["rate"])
+            loops.append(topod["loop"])
+            bare_loops.append(bare["loop"])
+            decisions.append(topod["decision_us"])
+            print(f"round {i + 1}: bare {bare['rate']:.0f} rt/s (loop {bare['loop']:.0f} us), topod {topod['rate']:.0f} "
+                  f"rt/s (loop {topod['loop']:.0f} us, decision {topod['decision_us']:.0f} us, writer "
+                  f"{topod['threads']:.0f} us): {ratios[-1]:.2f} of bare", flush=True)
+    load = os.getloadavg()
+    median = statistics.median
+    print(f"saturation, {CLIENTS} clients, {rounds} rounds alternated; load average {load[0]:.2f} {load[1]:.2f} "
+          f"{load[2]:.2f}: topod {median(ratios):.2f} of bare (min {min(ratios):.2f}, max {max(ratios):.2f}); "
+          f"event loop per round trip: topod {median(loops):.0f} us ({median(loops) - median(decisions):.0f} us "
+          f"without the decision), bare {median(bare_loops):.0f} us")
+    return 0
+
+
+def measure_saturation(command: list[str], sock: str, decisions: bool = False) -> dict:
+    process = subprocess.Popen(command, stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                               env=dict(os.environ, PYTHONPATH=str(REPO)))
+    try:
+        wait_ready(sock)
+        decided_before = decision_seconds(sock) if decisions else (0.0, 0)
+        before = server_cpu(process.pid)
+        rate, latencies, _ = saturate(sock)
+        after = server_cpu(process.pid)
+        decided_after = decision_seconds(sock) if decisions else (0.0, 0)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=30)
+    trips = max(1, len(latencies))
+    return {"rate": rate, "loop": (after["loop"] - before["loop"]) / trips * 1e6,
+            "threads": (after["threads"] - before["threads"]) / trips * 1e6,
+            "decision_us": (decided_after[0] - decided_before[0]) / trips * 1e6}
+
+
 def main() -> int:
     from topod.hostspec import build_host
     from topod.hostspec.synthetic import spec_64
 
+    if sys.argv[1:2] == ["saturation"]:
+        return saturation_rounds(int(sys.argv[2]) if len(sys.argv) > 2 else 3)
     if sys.argv[1:] == ["topology"]:
         with tempfile.TemporaryDirectory() as tmp:
             print(topology_figures(build_host(spec_64(), Path(tmp) / "host")))
@@ -303,11 +418,15 @@ def main() -> int:
                        "--state-dir", str(work / f"state-{label}"), "--config", str(work / f"{label}.toml"),
                        "--log-format", "json"]
             name = f"topod, sqlite {durability.upper()}" + (", IRQ dry-run" if irq != "off" else "")
-            rows.append((name, measure(command, sock, topod_commits)))
+            rows.append((name, measure(command, sock, topod_commits, decisions=True)))
+        floor = fsync_floor(work)
         topology_line = topology_figures(root)
     load = os.getloadavg()
     print(topology_line)
     print(f"api allocate+release round trips; 64-GPU host; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    floor_p50 = statistics.median(floor)
+    print(f"fsync floor on the state dir's filesystem (4 KiB write + fsync): p50 {floor_p50 * 1e3:.2f} ms, "
+          f"p99 {p99(floor) * 1e3:.2f} ms")
     bare = rows[0][1]
     for name, row in rows:
         print(f"{name:<34} {CLIENTS} clients: {row['rate']:7.0f} rt/s ({row['rate'] / bare['rate']:.2f} of bare), "
@@ -319,6 +438,15 @@ def main() -> int:
         print(f"{'':<34} CPU per round trip at saturation: event loop {cpu['loop']:.0f} us, other threads "
               f"{cpu['threads']:.0f} us, child processes {cpu['children']:.0f} us, client {cpu['client']:.0f} us "
               f"(total {sum(cpu.values()):.0f} us, {sum(cpu.values()) / sum(bare['cpu_us'].values()):.2f} of bare)")
+        if row is bare:
+            continue
+        decision = row["decision_us"]
+        print(f"{'':<34} goals: {row['rate'] / bare['rate']:.2f} of bare (>= 0.75); event loop {cpu['loop']:.0f} us, "
+              f"{cpu['loop'] - decision:.0f} us without the decision's {decision:.0f} us (bare {bare['cpu_us']['loop']:.0f} "
+              f"us) | 1 client: allocate p50 {row['alloc_p50'] * 1e3:.2f} ms (p99 {row['alloc_p99'] * 1e3:.2f}), "
+              f"release p50 {row['release_p50'] * 1e3:.2f} ms (p99 {row['release_p99'] * 1e3:.2f}), floor + 0.5 = "
+              f"{(floor_p50 + 0.0005) * 1e3:.2f} ms | open loop p99 {row['p99_open'] / bare['p99_open']:.1f}x bare's "
+              f"(<= 3x)")
     return 0
 
 

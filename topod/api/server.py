@@ -124,43 +124,57 @@ def error_response(code: str, message: str, status: int | None = None, headers: 
 
 def internal_error(request: web.Request, exc: BaseException, code: str = "internal_error",
                    message: str = "internal error") -> web.Response:
-    """A 500: the client gets the code and a request id, the log the traceback under it.
-    The traceback is a field of its own, so every renderer (console, JSON, journal) keeps it."""
+    """A 500: the client gets the code and a request id, the log the traceback under it."""
+    return json_response(fault_document(request.method, request.path, exc, code, message)[1], status=500)
+
+
+def fault_document(method: str, path: str, exc: BaseException, code: str = "internal_error",
+                   message: str = "internal error") -> tuple[int, dict[str, Any]]:
+    """(500, the error body) for a fault of ours; the log gets the traceback under a request
+    id the body names. The traceback is a field of its own, so every renderer (console,
+    JSON, journal) keeps it."""
     request_id = uuid.uuid4().hex[:12]
-    log.error("request_failed", request_id=request_id, method=request.method, path=request.path,
+    log.error("request_failed", request_id=request_id, method=method, path=path,
               code=code, error=f"{type(exc).__name__}: {exc}",
               traceback="".join(traceback.format_exception(exc)))
-    return error_response(code, f"{message} (request id {request_id}); the daemon log has the details", 500,
-                          request_id=request_id)
+    return 500, {"code": code, "message": f"{message} (request id {request_id}); the daemon log has the details",
+                 "request_id": request_id}
+
+
+def error_document(exc: Exception, method: str, path: str) -> tuple[int, dict[str, Any]]:
+    """The answer to what a handler raised: (status, {"code", "message", ...}). One mapping
+    for the aiohttp middleware and the lean hot path (topod.api.leanhttp)."""
+    if isinstance(exc, TopodError):
+        status = status_of(exc.code)
+        if status == 500:  # our fault (an unknown code included): log it, keep its code and message
+            return fault_document(method, path, exc, exc.code, str(exc))
+        # retryable (allocation errors): False when waiting cannot help (more GPUs than the
+        # host has, a model it lacks); topoctl exits 1 then, 75 only when a retry may work.
+        retry = {"retryable": exc.retryable} if isinstance(getattr(exc, "retryable", None), bool) else {}
+        return status, {"code": exc.code, "message": str(exc), **retry}
+    if isinstance(exc, PermissionError):  # reading the peer's credentials, or a file the daemon may not touch
+        return 403, {"code": "permission_denied", "message": f"permission denied: {exc.strerror or exc}"}
+    return fault_document(method, path, exc)
 
 
 @web.middleware
 async def errors_as_json(request: web.Request, handler):
     try:
         return await handler(request)
-    except TopodError as exc:
-        status = status_of(exc.code)
-        if status == 500:  # our fault (an unknown code included): log it, keep its code and message
-            return internal_error(request, exc, exc.code, str(exc))
-        # retryable (allocation errors): False when waiting cannot help (more GPUs than the
-        # host has, a model it lacks); topoctl exits 1 then, 75 only when a retry may work.
-        retry = {"retryable": exc.retryable} if isinstance(getattr(exc, "retryable", None), bool) else {}
-        response = error_response(exc.code, str(exc), status, **retry)
-        if isinstance(exc, BodyStalledError):
-            await _answer_and_close(request, response)
-        return response
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         code = HTTP_CODES.get(exc.status, "http_error")
         allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
         return error_response(code, exc.reason or str(exc), exc.status, headers=allow)
-    except PermissionError as exc:  # reading the peer's credentials, or a file the daemon may not touch
-        return error_response("permission_denied", f"permission denied: {exc.strerror or exc}", 403)
     except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
         raise
     except Exception as exc:  # noqa: BLE001 - the one place that turns faults into a 500
-        return internal_error(request, exc)
+        status, document = error_document(exc, request.method, request.path)
+        response = json_response(document, status=status)
+        if isinstance(exc, BodyStalledError):
+            await _answer_and_close(request, response)
+        return response
 
 
 async def _answer_and_close(request: web.Request, response: web.StreamResponse) -> None:
@@ -175,11 +189,16 @@ async def _answer_and_close(request: web.Request, response: web.StreamResponse) 
 
 async def caller(request: web.Request):
     backend: Backend = request.app[BACKEND]
+    pid, uid, gid = transport_peer(request.transport)
+    return await caller_async(pid, uid, gid, backend.allowed_group)
+
+
+def transport_peer(transport: Any) -> tuple[int | None, int, int]:
+    """(pid, uid, gid) of a connection's peer; PeerDeniedError when they cannot be read."""
     try:
-        pid, uid, gid = peer_credentials(request.transport.get_extra_info("socket") if request.transport else None)
+        return peer_credentials(transport.get_extra_info("socket") if transport is not None else None)
     except (PermissionError, OSError) as exc:
         raise PeerDeniedError(f"cannot identify the caller: {exc}") from None
-    return await caller_async(pid, uid, gid, backend.allowed_group)
 
 
 def request_limits(backend: Backend) -> RequestLimits:
@@ -210,13 +229,16 @@ def body_silence_seconds(backend: Backend) -> float:
     return _api_setting(backend, "idle_timeout_seconds", float, DEFAULT_SILENCE_SECONDS)
 
 
+def check_declared_size(content_length: int | None, limit: int) -> None:
+    if content_length is not None and content_length > limit:
+        raise PayloadTooLargeError(f"request body is {content_length} bytes; at most {limit} ([api] max_body_bytes)")
+
+
 async def read_body(request: web.Request, limit: int, silence: float = DEFAULT_SILENCE_SECONDS) -> bytes:
     """The raw body, refused as soon as it is known to exceed `limit` bytes, or when the
     client sends nothing of it for `silence` seconds (the connection is then closed: a
     client that stops half-way would otherwise hold it, and its handler, for ever)."""
-    if request.content_length is not None and request.content_length > limit:
-        raise PayloadTooLargeError(f"request body is {request.content_length} bytes; at most {limit} "
-                                   "([api] max_body_bytes)")
+    check_declared_size(request.content_length, limit)
     chunks: list[bytes] = []
     size = 0
     loop = asyncio.get_running_loop()
@@ -324,7 +346,11 @@ async def get_lease(request: web.Request) -> web.Response:
 async def delete_lease(request: web.Request) -> web.Response:
     backend = request.app[BACKEND]
     lease = await backend.alloc.release(request.match_info["id"], await caller(request))
-    return json_response({"released": lease.id, "gpus": list(lease.gpus)})
+    return web.Response(text=released_text(lease), content_type="application/json")
+
+
+def released_text(lease: Any) -> str:
+    return dumps({"released": lease.id, "gpus": list(lease.gpus)})
 
 
 async def renew_lease(request: web.Request) -> web.Response:

@@ -36,6 +36,7 @@ from typing import Any
 
 import structlog
 
+from topod.alloc.nics import lease_nic_keys
 from topod.errors import TopodError
 from topod.host import file_kind
 from topod.service.lease import Lease
@@ -145,11 +146,16 @@ class LeaseStore:
         self._json: dict[str, tuple[Lease, dict[str, Any], str | None]] = {}
         self._holder: dict[str, str] = {address: lease.id for lease in self._cache.values()
                                          for address in lease.addresses}
+        # Bumped by every change to what leases hold (the mirror, the GPUs, the CPUs), so a
+        # reader can keep what it derived from them until the next one (LeaseService.free_state).
+        self.generation = 0
         self._cpus: dict[int, int] = {}  # CPU -> leases holding it (an 'any' fallback may share)
+        self._nics: dict[str, int] = {}  # NIC port key -> leases carrying it (shared mode: several)
         for lease in self._cache.values():
-            self._hold_cpus(lease, +1)
+            self._hold(lease, +1)
         self._pending: list[_Op] = []
         self._cond = threading.Condition()
+        self._writer_idle = False  # the writer waits on _cond: a change must wake it
         self._closing = False
         self._writer: threading.Thread | None = None
         self.commits = 0  # transactions written (one fsync each)
@@ -221,6 +227,10 @@ class LeaseStore:
     def leased_cpus(self) -> set[int]:
         return set(self._cpus)
 
+    def leased_nics(self) -> dict[str, int]:
+        """NIC port key (topod.alloc.nics) -> leases carrying it, kept as leases come and go."""
+        return dict(self._nics)
+
     def json_of(self, lease: Lease) -> dict[str, Any]:
         """The lease's JSON, built once per version of the lease."""
         cached = self._json.get(lease.id)
@@ -255,11 +265,12 @@ class LeaseStore:
         self._cache[lease.id] = lease
         for address in lease.addresses:
             self._holder[address] = lease.id
-        self._hold_cpus(lease, +1)
+        self._hold(lease, +1)
 
         def undo() -> None:
+            self.generation += 1
             if self._cache.pop(lease.id, None) is not None:
-                self._hold_cpus(lease, -1)
+                self._hold(lease, -1)
             self._json.pop(lease.id, None)
             for address in lease.addresses:
                 if self._holder.get(address) == lease.id:
@@ -279,10 +290,12 @@ class LeaseStore:
         if previous.addresses != lease.addresses:
             raise ValueError("a lease's GPUs never change; end it and grant another")
         self._cache[lease.id] = lease
+        self.generation += 1
 
         def undo() -> None:
             if self._cache.get(lease.id) is lease:
                 self._cache[lease.id] = previous
+                self.generation += 1
 
         body = lease.to_json()
         stored, answer = _encode(body)
@@ -313,13 +326,16 @@ class LeaseStore:
         lease = self._cache.pop(lease_id, None)
         if lease is None:
             return None
+        self.generation += 1
         self._json.pop(lease_id, None)
 
         def undo() -> None:
             self._cache.setdefault(lease_id, lease)
+            self.generation += 1
 
         def freed() -> None:
-            self._hold_cpus(lease, -1)
+            self.generation += 1
+            self._hold(lease, -1)
             for address in lease.addresses:
                 if self._holder.get(address) == lease_id:
                     del self._holder[address]
@@ -327,13 +343,16 @@ class LeaseStore:
         return lease, self._queue([("DELETE FROM lease_devices WHERE lease_id = ?", (lease_id,)),
                                    ("DELETE FROM leases WHERE id = ?", (lease_id,))], undo, freed)
 
-    def _hold_cpus(self, lease: Lease, delta: int) -> None:
-        for cpu in lease.cpus:
-            count = self._cpus.get(cpu, 0) + delta
-            if count > 0:
-                self._cpus[cpu] = count
-            else:
-                self._cpus.pop(cpu, None)
+    def _hold(self, lease: Lease, delta: int) -> None:
+        """Count a lease's CPUs and NIC ports in (+1) or out (-1)."""
+        self.generation += 1
+        for held, keys in ((self._cpus, lease.cpus), (self._nics, lease_nic_keys(lease.decision.placements))):
+            for key in keys:
+                count = held.get(key, 0) + delta
+                if count > 0:
+                    held[key] = count
+                else:
+                    held.pop(key, None)
 
     def _queue(self, sql: list[tuple[str, tuple | list]], undo: Callable[[], None],
                on_success: Callable[[], None] | None = None) -> asyncio.Future | None:
@@ -371,7 +390,9 @@ class LeaseStore:
             if self._writer is None:
                 self._writer = threading.Thread(target=self._run_writer, name="topod-lease-writer", daemon=True)
                 self._writer.start()
-            self._cond.notify()
+            elif self._writer_idle:  # a busy writer takes what is pending when its commit ends
+                self._writer_idle = False
+                self._cond.notify()
         return future
 
     # -- the writer thread ------------------------------------------------------------
@@ -379,7 +400,9 @@ class LeaseStore:
         while True:
             with self._cond:
                 while not self._pending and not self._closing:
+                    self._writer_idle = True
                     self._cond.wait()
+                self._writer_idle = False
                 batch, self._pending = self._pending, []
                 if not batch and self._closing:
                     return

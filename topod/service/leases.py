@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import structlog
 
 from topod.alloc.errors import InvalidRequestError
-from topod.alloc.nics import lease_nic_keys, nic_environment
+from topod.alloc.nics import nic_environment
 from topod.alloc.policy import PolicySettings, effective_priority
 from topod.alloc.request import PID_MAX_LIMIT, FreeState, RequestLimits, ServiceRequest
 from topod.api.peer import Caller
@@ -113,6 +113,8 @@ class LeaseService:
         # What the host can enforce (topod.enforce), set by the daemon at start; a lease
         # records what it gets, never more than topod carries out.
         self.host_enforcement = "none"
+        self._free: tuple[tuple, FreeState] | None = None  # (what it was built from, the FreeState)
+        self._by_index: tuple[Any, tuple[dict[int, Any], dict[str, int]]] = (None, ({}, {}))
         self.configure(settings, reserved_cpus)
         state.add_listener(self._state_changed)
 
@@ -139,8 +141,8 @@ class LeaseService:
 
     def leased_gpus(self) -> set[int]:
         """Indices of present GPUs that a lease holds (a lease's missing GPU is not here)."""
-        leased = self.store.leased_addresses()
-        return {gpu.index for gpu in self.topology.gpus if gpu.address in leased}
+        present = self._gpu_addresses()
+        return {present[address] for address in self.store.leased_addresses() if address in present}
 
     def free_gpus(self) -> int:
         return len(self.topology.gpus) - len(self.leased_gpus())
@@ -149,16 +151,19 @@ class LeaseService:
         return self.store.leased_cpus()
 
     def leased_nics(self) -> dict[str, int]:
-        """NIC port key (address/port) -> leases carrying it (topod.alloc.nics)."""
-        use: dict[str, int] = {}
-        for lease in self.store.all():
-            for key in lease_nic_keys(lease.decision.placements):
-                use[key] = use.get(key, 0) + 1
-        return use
+        """NIC port key (address/port) -> leases carrying it (topod.alloc.nics); like GPUs
+        and CPUs, a released lease's ports stay held until its delete is on disk."""
+        return self.store.leased_nics()
 
     def free_state(self) -> FreeState:
+        """What is taken now; built again only after a change to the leases, the topology,
+        the node loads or the reserved CPUs (each decision used to rebuild it from every lease)."""
+        key = (self.store.generation, self.topology, self.state.node_load, self.reserved_cpus)
+        cached = self._free
+        if cached is not None and all(a is b for a, b in zip(cached[0], key)):
+            return cached[1]
         use = self.leased_nics()
-        return FreeState(
+        free = FreeState(
             busy_gpus=frozenset(self.leased_gpus()),
             busy_cpus=frozenset(self.leased_cpus()),
             reserved_cpus=frozenset(self.reserved_cpus),
@@ -166,6 +171,23 @@ class LeaseService:
             busy_nics=frozenset(use),
             nic_use=use,
         )
+        self._free = (key, free)
+        return free
+
+    def _gpus_by_index(self) -> dict[int, Any]:
+        """The topology's GPUs by index, built once per topology."""
+        return self._gpu_maps()[0]
+
+    def _gpu_addresses(self) -> dict[str, int]:
+        """PCI address -> index of the topology's GPUs, built once per topology."""
+        return self._gpu_maps()[1]
+
+    def _gpu_maps(self) -> tuple[dict[int, Any], dict[str, int]]:
+        topology = self.topology
+        if self._by_index[0] is not topology:
+            self._by_index = (topology, ({gpu.index: gpu for gpu in topology.gpus},
+                                         {gpu.address: gpu.index for gpu in topology.gpus}))
+        return self._by_index[1]
 
     # -- allocation -----------------------------------------------------------
     def parse(self, body: Any):
@@ -206,7 +228,7 @@ class LeaseService:
         """The lease in the mirror now; on disk when the returned commit resolves."""
         now = self.clock()
         owner_pid = service.owner_pid
-        by_index = {gpu.index: gpu for gpu in self.topology.gpus}
+        by_index = self._gpus_by_index()
         lease = Lease(
             id=new_id(), state="active",
             owner_uid=caller.uid, owner_gid=caller.gid, requester_pid=caller.pid,
@@ -223,7 +245,8 @@ class LeaseService:
             confirmed=bool(service.ttl_seconds or owner_pid),
             enforcement=lease_mode(self.host_enforcement, bool(decision.cpus) and any(decision.cpus.values())),
         )
-        lease = replace(lease, environment=self.environment(lease))
+        # Filled in place: the lease is no one's yet, and a second Lease (replace) cost as much.
+        lease.environment.update(self.environment(lease))
         commit = self.store.add(lease)
         if owner_pid:
             self.owner_watch.watch(lease.id, owner_pid)
@@ -301,7 +324,7 @@ class LeaseService:
         return authorize
 
     def _gpu_memory_node(self, index: int, address: str) -> int | None:
-        gpu = self.topology.gpu(index)
+        gpu = self._gpus_by_index().get(index)
         return gpu.memory_numa_node if gpu is not None and gpu.address == address else None
 
     async def allocate(self, body: Any, caller: Caller, connected: Callable[[], bool] = _always_connected) -> Lease:

@@ -326,23 +326,37 @@ class GatedRequestHandler(RequestHandler):
             self._admitted = True
             super().connection_made(transport)
             return
-        self._uid = peer_uid(transport)
-        self._admitted = self._gate.admit(self._uid)
-        if not self._admitted:
-            why = self._gate.last_refusal[1] if self._gate.last_refusal else "too_many_connections"
-            transport.write(REFUSALS.get(why, REFUSAL))  # type: ignore[attr-defined]
-            if transport.can_write_eof():  # type: ignore[attr-defined]
-                transport.write_eof()  # type: ignore[attr-defined]
-            if self._gate.lingering < LINGER_BUDGET:
-                self._gate.lingering += 1
-                self._lingering = True
-                self._refused = transport
-                asyncio.get_running_loop().call_later(REFUSAL_LINGER_SECONDS, transport.close)
-            else:
-                _drop_pending_input(transport)
-                transport.close()  # flushes what was written, then frees the descriptor
+        uid = peer_uid(transport)
+        if not self._gate.admit(uid):
+            self.refuse(transport, uid)
             return
+        self.adopt(transport, uid)
+
+    def adopt(self, transport: asyncio.BaseTransport, uid: int | None) -> None:
+        """Serve a connection the gate has admitted (here, or in the lean protocol that hands
+        it over: topod.api.leanhttp); its count ends with connection_lost."""
+        self._uid = uid
+        self._admitted = True
+        transport.set_protocol(self)  # type: ignore[attr-defined]
         super().connection_made(transport)
+
+    def refuse(self, transport: asyncio.BaseTransport, uid: int | None) -> None:
+        """The gate refused this connection: its 503, then a close after the client's EOF
+        (at most REFUSAL_LINGER_SECONDS) or, beyond LINGER_BUDGET lingering, at once."""
+        self._uid = uid
+        self._admitted = False
+        why = self._gate.last_refusal[1] if self._gate.last_refusal else "too_many_connections"
+        transport.write(REFUSALS.get(why, REFUSAL))  # type: ignore[attr-defined]
+        if transport.can_write_eof():  # type: ignore[attr-defined]
+            transport.write_eof()  # type: ignore[attr-defined]
+        if self._gate.lingering < LINGER_BUDGET:
+            self._gate.lingering += 1
+            self._lingering = True
+            self._refused = transport
+            asyncio.get_running_loop().call_later(REFUSAL_LINGER_SECONDS, transport.close)
+        else:
+            _drop_pending_input(transport)
+            transport.close()  # flushes what was written, then frees the descriptor
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if self._lingering:
@@ -397,15 +411,43 @@ def _one_line(text: str) -> str:
 
 
 class GatedSockSite(web.SockSite):
-    """SockSite whose connections go through a ConnectionGate."""
+    """SockSite whose connections go through a ConnectionGate. With `backend` (and
+    httptools installed) each connection starts in the lean hot-path protocol
+    (topod.api.leanhttp), which hands anything but a plain grant or release to aiohttp."""
 
     def __init__(self, runner: web.AppRunner, sock: socket.socket, gate: ConnectionGate,
-                 handler_kwargs: dict[str, Any], backlog: int = 512) -> None:
+                 handler_kwargs: dict[str, Any], backlog: int = 512, backend: Any = None) -> None:
         super().__init__(runner, sock, backlog=backlog)
         self.gate = gate
         self.handler_kwargs = handler_kwargs
+        self.idle_seconds = float(handler_kwargs.get("keepalive_timeout", 30.0))
+        self.lean_connections: set = set()
+        self._lean = _lean_protocol() if backend is not None else None
+        self.backend = backend
+        if self._lean is not None:
+            from topod.api.leanhttp import IdleSweep
 
-    def _protocol(self, internal: bool = False) -> GatedRequestHandler:
+            self.idle_sweep = IdleSweep(self.lean_connections, self.idle_seconds)
+
+    def _protocol(self, internal: bool = False) -> asyncio.Protocol:
+        if self._lean is not None:
+            return self._lean(self, self.backend, internal)
+        return self.aiohttp_protocol(internal)
+
+    async def stop(self) -> None:
+        """No new connections; idle lean connections close, a grant or release in progress
+        gets the runner's shutdown grace to answer (as aiohttp's own requests do)."""
+        await super().stop()
+        if self._lean is not None:
+            self.idle_sweep.stop()
+        busy = [task for task in (conn.close_when_idle() for conn in list(self.lean_connections))
+                if task is not None]
+        if busy:
+            await asyncio.wait(busy, timeout=getattr(self._runner, "_shutdown_timeout", 2.0))
+        for conn in list(self.lean_connections):
+            conn.close()
+
+    def aiohttp_protocol(self, internal: bool = False) -> GatedRequestHandler:
         handler = GatedRequestHandler(self._runner.server, loop=asyncio.get_running_loop(), **self.handler_kwargs)
         handler._gate = self.gate
         handler._admitted = False
@@ -439,6 +481,16 @@ class GatedSockSite(web.SockSite):
         self._sock.listen(self._backlog)
 
 
+def _lean_protocol():
+    """The lean hot-path protocol class, or None where httptools is not installed (then
+    aiohttp serves every request, as before)."""
+    try:
+        from topod.api.leanhttp import LeanConnection
+    except ImportError:
+        return None
+    return LeanConnection
+
+
 async def serve(daemon, config: Config, listen: socket.socket | None = None) -> web.AppRunner:
     if listen is None:
         listen, where = take_listening_socket(config)
@@ -470,7 +522,7 @@ async def serve(daemon, config: Config, listen: socket.socket | None = None) -> 
     await runner.setup()
     loop = asyncio.get_running_loop()
     loop.set_exception_handler(gate.exception_handler(loop.get_exception_handler()))
-    site = GatedSockSite(runner, listen, gate, handler_kwargs)
+    site = GatedSockSite(runner, listen, gate, handler_kwargs, backend=daemon)
     await site.start()
     daemon.api_site = site
     if gate.ceiling < configured():

@@ -1,0 +1,362 @@
+"""The lease hot path without the framework: POST /v1/leases and DELETE /v1/leases/{id}
+answered straight from the connection's protocol, on httptools (llhttp, the parser
+uvicorn uses; aiohttp's own C parser is llhttp too).
+
+Why: under load aiohttp's per-request machinery (request and response objects, the
+middleware chain, the handler task's wrapping, header building) cost the event loop more
+than everything topod does for a grant. A connection starts here; a request is served
+here only when it is plainly one of those two and nothing about it is unusual:
+
+- exactly one complete request is in hand (head and body together, no pipelined second
+  one, nothing half-sent), HTTP/1.0 or 1.1;
+- `POST /v1/leases` with a Content-Length body (no chunked transfer, no Expect, no
+  Upgrade), or `DELETE /v1/leases/<id>` with no body, the id plain letters and digits,
+  no query string;
+- each header once at most where it matters (Content-Length, Content-Type,
+  Transfer-Encoding), ASCII, the head within aiohttp's own line limits.
+
+Anything else — a malformed request, a partial one (slow or stalled clients), another
+endpoint — hands the connection, with every byte received since the start of that
+request, to aiohttp's protocol (the GatedRequestHandler), which parses it again from the
+start and answers exactly as it always has: its limits, timeouts, error answers and the
+connection gate's count carry on unchanged. The hot path calls the same functions as the
+aiohttp handlers (caller identity, body validation, the lease service, the error mapping),
+so its answers are theirs; only the HTTP framing is its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from email.utils import formatdate
+from typing import Any
+
+import httptools
+from aiohttp.helpers import parse_content_type
+
+from topod.api.body import parse_body
+from topod.api.peer import caller_async, peer_credentials
+from topod.api.server import (
+    PeerDeniedError,
+    check_declared_size,
+    error_document,
+    lease_text,
+    max_body_bytes,
+    released_text,
+)
+from topod.api.server import dumps as json_dumps
+
+# aiohttp refuses a request line or a header field over 8,190 bytes; a head that comes
+# near it goes to aiohttp, which answers as it always has.
+MAX_FIELD_BYTES = 8190
+MAX_HEADERS = 64
+# Bytes of a pipelined next request kept while one is being served; beyond that the
+# socket is not read until the answer is out.
+MAX_BUFFERED = 256 * 1024
+_LEASE_ID = re.compile(rb"/v1/leases/([A-Za-z0-9]{1,64})")
+_REASONS = {200: "OK", 201: "Created", 400: "Bad Request", 403: "Forbidden", 404: "Not Found",
+            408: "Request Timeout", 409: "Conflict", 413: "Payload Too Large", 415: "Unsupported Media Type",
+            429: "Too Many Requests", 500: "Internal Server Error", 503: "Service Unavailable"}
+_SINGLE = frozenset({b"content-length", b"content-type", b"transfer-encoding", b"expect", b"upgrade"})
+
+
+class _NotLean(Exception):
+    """This request is not for the hot path: aiohttp takes the connection."""
+
+
+class _Date:
+    """The Date header, formatted once per second."""
+
+    second = -1
+    value = b""
+
+    @classmethod
+    def now(cls) -> bytes:
+        second = int(time.time())
+        if second != cls.second:
+            cls.second, cls.value = second, formatdate(second, usegmt=True).encode()
+        return cls.value
+
+
+def response_bytes(status: int, body: bytes, keep_alive: bool) -> bytes:
+    return b"".join((
+        b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, "Unknown").encode()),
+        b"Content-Type: application/json; charset=utf-8\r\nContent-Length: %d\r\nDate: %s\r\n"
+        % (len(body), _Date.now()),
+        b"Connection: keep-alive\r\n\r\n" if keep_alive else b"Connection: close\r\n\r\n",
+        body))
+
+
+class LeanConnection(asyncio.Protocol):
+    """One API connection: the hot path here, everything else handed to aiohttp.
+
+    site: the GatedSockSite (its gate, its aiohttp protocol factory, the backend)."""
+
+    __slots__ = ("_site", "_gate", "_backend", "_internal", "_transport", "_uid", "_peer", "_buffer", "_task",
+                 "idle_since", "_admitted", "_paused", "_method", "_url", "_headers", "_body", "_messages",
+                 "_complete", "_head_bytes", "_keep_alive", "_parser")
+
+    def __init__(self, site: Any, backend: Any, internal: bool = False) -> None:
+        self._site = site
+        self._gate = site.gate
+        self._backend = backend
+        self._internal = internal
+        self._transport: asyncio.Transport | None = None
+        self._uid: int | None = None
+        self._peer: tuple[int | None, int, int] | Exception | None = None
+        self._buffer = b""
+        self._task: asyncio.Task | None = None
+        self.idle_since: float | None = None  # loop time the connection last went idle; None: busy
+        self._admitted = False
+        self._paused = False
+
+    # -- the connection ----------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+        if not self._internal:
+            try:
+                self._peer = peer_credentials(transport.get_extra_info("socket"))
+                self._uid = self._peer[1]
+            except (OSError, ValueError) as exc:  # counted as a user, refused when it asks for anything
+                self._peer = exc
+            if not self._gate.admit(self._uid):
+                # The gate's refusal (503, linger or close) is the aiohttp protocol's.
+                handler = self._site.aiohttp_protocol(self._internal)
+                transport.set_protocol(handler)
+                handler.refuse(transport, self._uid)
+                return
+        self._admitted = True
+        self._site.lean_connections.add(self)
+        self._site.idle_sweep.watch()
+        self.idle_since = asyncio.get_running_loop().time()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if not self._admitted:
+            return
+        self._admitted = False
+        self._site.lean_connections.discard(self)
+        if not self._internal:
+            self._gate.leave(self._uid)
+        if self._task is not None and not self._task.done():
+            self._task.cancel()  # the client went away: as aiohttp's handler_cancellation does
+
+    def eof_received(self) -> bool | None:
+        return None  # as aiohttp: the transport closes, a request in progress is cancelled
+
+    def data_received(self, data: bytes) -> None:
+        self._buffer += data
+        if self._task is not None:  # pipelined: kept until the answer in progress is out
+            if len(self._buffer) > MAX_BUFFERED and not self._paused:
+                self._paused = True
+                self._transport.pause_reading()
+            return
+        self._next_request()
+
+    # -- one request -----------------------------------------------------------------
+    def _next_request(self) -> None:
+        raw, self._buffer = self._buffer, b""
+        if not raw:
+            return
+        self.idle_since = None
+        self._method = self._url = None
+        self._headers: dict[bytes, bytes] = {}
+        self._body: list[bytes] = []
+        self._messages = 0
+        self._complete = False
+        self._head_bytes = 0
+        self._keep_alive = False
+        self._parser = parser = httptools.HttpRequestParser(self)
+        try:
+            parser.feed_data(raw)
+            if not self._complete or self._messages != 1:
+                raise _NotLean
+            job = self._job(parser)
+        except (_NotLean, ValueError, httptools.HttpParserError, httptools.HttpParserUpgrade):
+            self._hand_over(raw)
+            return
+        self._task = asyncio.get_running_loop().create_task(self._run(job, parser.get_method().decode(),
+                                                                      self._url.decode("ascii", "replace")))
+
+    def on_message_begin(self) -> None:
+        self._messages += 1
+        if self._messages > 1:
+            raise _NotLean  # a pipelined second request: aiohttp serves the lot
+
+    def on_url(self, url: bytes) -> None:
+        self._url = url if self._url is None else self._url + url
+        if len(self._url) > MAX_FIELD_BYTES:
+            raise _NotLean
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        key = name.lower()
+        if key in self._headers and key in _SINGLE or len(self._headers) >= MAX_HEADERS:
+            raise _NotLean
+        if len(name) + len(value) > MAX_FIELD_BYTES:
+            raise _NotLean
+        self._headers[key] = value
+
+    def on_headers_complete(self) -> None:
+        self._keep_alive = self._parser.should_keep_alive()  # llhttp knows it only until the message ends
+
+    def on_body(self, body: bytes) -> None:
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        self._complete = True
+
+    def _job(self, parser: httptools.HttpRequestParser):
+        """The coroutine serving this request, or _NotLean."""
+        headers = self._headers
+        if (parser.get_http_version() not in ("1.1", "1.0") or b"transfer-encoding" in headers
+                or b"expect" in headers or b"upgrade" in headers or parser.should_upgrade()):
+            raise _NotLean
+        method, url = parser.get_method(), self._url
+        if method == b"POST" and url == b"/v1/leases":
+            length = headers.get(b"content-length")
+            if length is None:
+                raise _NotLean
+            return self._allocate(int(length), headers.get(b"content-type"), b"".join(self._body))
+        if method == b"DELETE" and not self._body and b"content-length" not in headers:
+            match = _LEASE_ID.fullmatch(url or b"")
+            if match:
+                return self._release(match.group(1).decode())
+        raise _NotLean
+
+    async def _run(self, job, method: str, path: str) -> None:
+        """A fault outside the endpoints' own error handling is a 500, as the middleware's."""
+        try:
+            await job
+        except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the one place here that turns faults into a 500
+            if self._task is not None:  # no answer went out yet
+                self._answer_error(exc, method, path)
+
+    async def _allocate(self, length: int, content_type: bytes | None, raw: bytes) -> None:
+        backend = self._backend
+        try:
+            charset = None
+            if content_type is not None:
+                charset = parse_content_type(content_type.decode("utf-8", "surrogateescape"))[1].get("charset")
+            limit = max_body_bytes(backend)
+            check_declared_size(length, limit)
+            body = parse_body(raw, charset=charset, max_bytes=limit)
+            lease = await backend.alloc.allocate(body, await self._caller(), connected=self._connected)
+        except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the API's error mapping, as the middleware does
+            self._answer_error(exc, "POST", "/v1/leases")
+            return
+        # Written in this step, with no await between the grant and the write: a lease whose
+        # answer cannot reach its client ends at once (as in the aiohttp handler).
+        delivered = False
+        try:
+            delivered = self._answer(201, lease_text(backend, lease).encode())
+        finally:
+            backend.alloc.answered(lease, delivered)
+
+    async def _release(self, lease_id: str) -> None:
+        try:
+            lease = await self._backend.alloc.release(lease_id, await self._caller())
+        except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as exc:  # noqa: BLE001
+            self._answer_error(exc, "DELETE", f"/v1/leases/{lease_id}")
+            return
+        self._answer(200, released_text(lease).encode())
+
+    async def _caller(self):
+        if not isinstance(self._peer, tuple):
+            raise PeerDeniedError(f"cannot identify the caller: {self._peer or 'not a Unix socket peer'}")
+        pid, uid, gid = self._peer
+        return await caller_async(pid, uid, gid, self._backend.allowed_group)
+
+    def _connected(self) -> bool:
+        return self._admitted and not self._transport.is_closing()
+
+    def _answer_error(self, exc: Exception, method: str, path: str) -> None:
+        status, document = error_document(exc, method, path)
+        self._answer(status, json_dumps(document).encode())
+
+    def _answer(self, status: int, body: bytes) -> bool:
+        """Write the whole answer; True when it went to a connection still open. Then the
+        next request (pipelined), or the end of the connection."""
+        transport = self._transport
+        self._task = None
+        if not self._connected():
+            return False
+        transport.write(response_bytes(status, body, self._keep_alive))
+        delivered = not transport.is_closing()
+        if not self._keep_alive:
+            transport.close()
+            return delivered
+        if self._paused:
+            self._paused = False
+            transport.resume_reading()
+        self.idle_since = asyncio.get_running_loop().time()
+        if self._buffer:
+            asyncio.get_running_loop().call_soon(self._next_request)
+        return delivered
+
+    # -- handing over to aiohttp ----------------------------------------------------------
+    def _hand_over(self, raw: bytes) -> None:
+        """aiohttp's protocol takes the connection and these bytes (a request from its
+        first byte); the gate's count goes with it."""
+        self._admitted = False
+        self._site.lean_connections.discard(self)
+        handler = self._site.aiohttp_protocol(self._internal)
+        handler.adopt(self._transport, self._uid)
+        handler.data_received(raw)
+
+    # -- idle connections --------------------------------------------------------------------
+    def close_if_idle(self, now: float, seconds: float) -> None:
+        """No request within [api] idle_timeout_seconds: closed, as aiohttp's keep-alive
+        timer closes its idle connections (a request in progress is never idle)."""
+        since = self.idle_since
+        if since is not None and now - since >= seconds and self._task is None and not self._buffer:
+            self._transport.close()
+
+    # -- shutdown ---------------------------------------------------------------------------
+    def close_when_idle(self) -> asyncio.Task | None:
+        """At shutdown: an idle connection closes now; a request in progress is returned to
+        wait for (its answer goes out, then the connection closes)."""
+        if self._task is None:
+            self._transport.close()
+            return None
+        self._keep_alive = False
+        return self._task
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+
+class IdleSweep:
+    """Closes the site's idle lean connections: one timer for all of them, a few times per
+    [api] idle_timeout_seconds, instead of a timer armed and cancelled per request. A
+    connection closes between `seconds` and `seconds` + one period after its last answer."""
+
+    def __init__(self, connections: set[LeanConnection], seconds: float) -> None:
+        self.connections = connections
+        self.seconds = seconds
+        self.period = min(1.0, max(0.05, seconds / 4))
+        self._handle: asyncio.TimerHandle | None = None
+
+    def watch(self) -> None:
+        """A connection opened: sweep while there are any."""
+        if self._handle is None:
+            self._handle = asyncio.get_running_loop().call_later(self.period, self._sweep)
+
+    def _sweep(self) -> None:
+        self._handle = None
+        now = asyncio.get_running_loop().time()
+        for connection in list(self.connections):
+            connection.close_if_idle(now, self.seconds)
+        if self.connections:
+            self.watch()
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
