@@ -103,6 +103,7 @@ class CoreMap:
     core_of: dict[int, tuple[tuple[int, Core], ...]] = field(default_factory=dict)
     local: dict[str, frozenset[int]] = field(default_factory=dict)
     whole: dict[int, _NodeCores] = field(default_factory=dict)  # node_cores of a node nothing excludes from
+    capacity_memo: dict = field(default_factory=dict)  # auto_capacity per node, by its plans and free cores
 
 
 def core_map(topology: Topology) -> CoreMap:
@@ -229,9 +230,19 @@ def auto_capacity(topology: Topology, table: Mapping[int, tuple[list[int | None]
     `excluded`, if the caller has it already."""
     if now is None:
         now = node_cores(topology, set(excluded), cmap)
+    # Per node a function of its plans and its free cores: kept on the map by their values.
+    memo = cmap.capacity_memo if cmap is not None else {}
+    if len(memo) > 4096:
+        memo.clear()
     capacity: dict[int, int] = {}
     for node, (plans, usable) in table.items():
-        free = _in_order(now.get(node))
+        cores = now.get(node)
+        key = (node, tuple(plans), usable, frozenset(cores.usable) if cores is not None else None)
+        known = memo.get(key)
+        if known is not None:
+            capacity[node] = known
+            continue
+        free = _in_order(cores)
         served: dict[int, int] = {}
         m = 0
         for wanted in plans:
@@ -247,7 +258,7 @@ def auto_capacity(topology: Topology, table: Mapping[int, tuple[list[int | None]
                 if served[wanted] < m + 1:
                     break
             m += 1
-        capacity[node] = m
+        capacity[node] = memo[key] = m
     return capacity
 
 
