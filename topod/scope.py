@@ -27,6 +27,10 @@ if TYPE_CHECKING:
     from topod.host import HostRoot
 
 SCOPE_PREFIX = "topod-lease-"
+# Lease scopes live in their own slice, beside system.slice and user.slice: live isolation
+# (topod.slices) narrows those to the housekeeping CPUs, and on cgroup v2 a child's cpuset
+# is bounded by its parent's, so a scope under system.slice would lose its leased CPUs.
+SCOPE_SLICE = "topod.slice"
 CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")  # under /dev, when present
 CAPS_DIR = "nvidia-caps"  # /dev/nvidia-caps/*: MIG and other capability nodes
 DEVICE_ACCESS = "rw"
@@ -133,6 +137,7 @@ def scope_properties(spec: ScopeSpec) -> list[tuple[str, tuple[str, object]]]:
     props: list[tuple[str, tuple[str, object]]] = [
         ("Description", ("s", description)),
         ("PIDs", ("au", [spec.pid])),
+        ("Slice", ("s", SCOPE_SLICE)),
         ("CollectMode", ("s", "inactive-or-failed")),
     ]
     if spec.cpus:

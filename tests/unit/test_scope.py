@@ -62,6 +62,8 @@ def test_properties_carry_pid_cpus_nodes_and_a_closed_device_policy():
     assert props["DeviceAllow"] == ("a(ss)", [("/dev/nvidia3", "rw"), ("/dev/nvidiactl", "rw"),
                                               ("/dev/nvidia-uvm", "rw")])
     assert props["Description"] == ("s", "topod lease 0123456789abcdef (train)")
+    # not under system.slice, which live isolation narrows to the housekeeping CPUs
+    assert props["Slice"] == ("s", "topod.slice")
     # every value is (signature, value): what jeepney sends as a variant
     assert all(isinstance(sig, str) and sig for sig, _ in props.values())
 
