@@ -118,3 +118,25 @@ def test_softirq_time_makes_an_expensive_irq_weigh_more():
     assert load.unit == "cpu-share"
     assert load.weight[5] == pytest.approx(10 * load.weight[6])
     assert load.cpu_busy == {0: 0.5, 1: 0.05}
+
+
+def test_a_parse_given_the_previous_reuses_unchanged_lines_and_parses_changed_ones():
+    """Issue 26: an idle cycle converts only the IRQ lines whose text changed."""
+    before = parse_interrupts(INTERRUPTS)
+    changed = INTERRUPTS.replace("1000          5", "1200          9")
+    assert changed != INTERRUPTS
+    after = parse_interrupts(changed, before)
+    assert after == parse_interrupts(changed)  # the same table as a parse from nothing
+    assert after.lines[24].counts == (1200, 9, 0, 0) and after.lines[24] is not before.lines[24]
+    assert all(after.lines[irq] is before.lines[irq] for irq in (0, 8, 25, 26, 27))
+    # the next parse reuses what this one parsed, the changed line included
+    assert parse_interrupts(changed, after).lines[24] is after.lines[24]
+
+
+def test_a_parse_reuses_nothing_when_the_cpu_columns_changed():
+    before = parse_interrupts(INTERRUPTS)
+    fewer = INTERRUPTS.replace("CPU3", "")  # CPU 3 went offline: the same text, one column fewer
+    after = parse_interrupts(fewer, before)
+    assert after == parse_interrupts(fewer)
+    assert after.cpus == (0, 1, 2) and after.lines[24].counts == (1000, 5, 0)
+    assert all(after.lines[irq] is not before.lines[irq] for irq in after.lines)

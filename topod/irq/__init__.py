@@ -4,13 +4,29 @@ The daemon holds one IrqBalancer: `cycle(topology, leased_cpus)` on its interval
 `replan(topology, leased_cpus)` on a lease change, `report()` / `health()` /
 `status_text()` for the API and systemd; everything else here is the pieces it is made
 of, each usable alone (the CLI and tests do).
+
+The names below are loaded on first use: the daemon imports topod.irq.settings (its
+configuration schema) but runs the balancer in the IRQ worker process, so importing the
+package must not load the whole pipeline into the daemon (~1 MiB, issue 26).
 """
 
 from __future__ import annotations
 
-from topod.irq.cycle import CycleReport, IrqBalancer
-from topod.irq.planner import Plan, PlanEntry, PlanInput, plan_irqs
-from topod.irq.settings import DEFAULT_POLICY, DEFAULTS, IRQBALANCE_CHOICES, MODES, POLICIES, IrqSettings
+import importlib
 
-__all__ = ["CycleReport", "DEFAULT_POLICY", "DEFAULTS", "IRQBALANCE_CHOICES", "IrqBalancer", "IrqSettings", "MODES",
-           "POLICIES", "Plan", "PlanEntry", "PlanInput", "plan_irqs"]
+_WHERE = {
+    "CycleReport": "cycle", "IrqBalancer": "cycle",
+    "Plan": "planner", "PlanEntry": "planner", "PlanInput": "planner", "plan_irqs": "planner",
+    "DEFAULT_POLICY": "settings", "DEFAULTS": "settings", "IRQBALANCE_CHOICES": "settings", "MODES": "settings",
+    "POLICIES": "settings", "IrqSettings": "settings",
+}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):  # noqa: ANN202 - PEP 562: the module attribute, loaded now
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'topod.irq' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"topod.irq.{module}"), name)
+    globals()[name] = value
+    return value

@@ -57,6 +57,7 @@ class IrqBalancer:
         self._overlay_status: dict[int, str] = {}
         self._mode: str | None = None  # the mode of the last call
         self._view = View(failures=self.failures.to_json())
+        self._last_plan: tuple[Topology, IrqSettings, PlanInput, Plan] | None = None  # _plan's memo
 
     @property
     def unsettable(self) -> dict[int, Unsettable]:
@@ -150,7 +151,7 @@ class IrqBalancer:
                                  ("IRQ balancing is off (irq.mode = \"off\")",))
             return self._publish(report, full=True)
         now = self.clock()
-        snapshot = read_snapshot(self.host, now)
+        snapshot = read_snapshot(self.host, now, self.previous)
         load, no_rate = measure_load(self.previous, snapshot)
         self.last_load = load  # for the daemon's per-CPU interrupt-rate metrics
         self.previous = snapshot
@@ -265,7 +266,16 @@ class IrqBalancer:
             cooling=frozenset(irq for irq in irqs if self.cooldown_until.get(irq, 0.0) > now),
             background=background if load else None,
         )
-        return plan_irqs(topology, inputs, self.settings)
+        # The plan is a pure function of these: a cycle on a quiet host (no IRQ moved, no
+        # rate changed, no lease or cooldown ended) reuses the last one instead of planning
+        # every IRQ again; comparing the inputs costs a fraction of that (issue 26).
+        last = self._last_plan
+        if last is not None and last[0] is topology and last[1] is self.settings and last[2] == inputs \
+                and list(last[2].irqs) == list(inputs.irqs):  # the same order too: plan_irqs walks it
+            return last[3]
+        plan = plan_irqs(topology, inputs, self.settings)
+        self._last_plan = (topology, self.settings, inputs, plan)
+        return plan
 
     # -- applying ---------------------------------------------------------------
     def _carry_out(self, plan: Plan, topology: Topology, may_write: bool, now: float, yielded: bool,

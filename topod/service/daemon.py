@@ -43,6 +43,10 @@ from topod.topojson import topology_to_json
 log = structlog.get_logger("topod")
 
 REAP_INTERVAL = 1.0
+# With no lease and no waiting request nothing can expire, lose its owner or be abandoned:
+# the reaper then sleeps until a grant or a queued request (or this long, its watchdog beat)
+# instead of waking every second on an idle host (issue 26).
+REAP_IDLE_SECONDS = 20.0
 GIL_SWITCH_SECONDS = 0.0005
 LOAD_INTERVAL = 10.0
 EXPORTS_IDLE_SECONDS = 60.0
@@ -121,6 +125,7 @@ class Daemon:
         self._stop = asyncio.Event()
         self._reload_lock = asyncio.Lock()  # SIGHUP and POST /v1/reload: one at a time
         self._rescan_now = asyncio.Event()
+        self._reap_due = asyncio.Event()
         self._exports_due = asyncio.Event()
         self._exports_due.set()  # write the NCCL file once at start
 
@@ -334,6 +339,8 @@ class Daemon:
         getattr(log, EVENT_LEVELS.get(record["event"], "info"))(record["event"], **fields)
 
     def _on_event(self, record: dict) -> None:
+        if record["event"] in LEASE_EVENTS or record["event"] == "request_queued":
+            self._reap_due.set()
         if record["event"] in LEASE_EVENTS:
             self._isolate_due.set()
             if self.irq is not None:
@@ -534,10 +541,18 @@ class Daemon:
         return max(period * 3 + 30.0, float(self.config.get("watchdog", "loop_deadline_seconds")))
 
     async def _reaper_loop(self) -> None:
-        async def iteration() -> float:
+        async def iteration() -> float | None:
+            self._reap_due.clear()
             if self.alloc.reap():
                 self.notifier.status(self.status_line())
-            return REAP_INTERVAL
+            if self.alloc.leases() or self.alloc.waiters:
+                return REAP_INTERVAL
+            try:
+                async with asyncio.timeout(REAP_IDLE_SECONDS):
+                    await self._reap_due.wait()
+            except TimeoutError:
+                pass
+            return None
 
         await self._supervised("reaper", iteration, self._deadline(REAP_INTERVAL))
 

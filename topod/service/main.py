@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 
 from topod import __version__
@@ -13,6 +12,42 @@ from topod.errors import ConfigError, TopodError
 # holds) is wrong, and starting again will not help. The unit does not restart on it
 # (RestartPreventExitStatus=78); every other fatal error is 1 and is restarted.
 EX_CONFIG = 78
+
+# Modules the daemon never uses that its libraries load when they are installed (issue
+# 26, bench/footprint.py):
+# - rich: structlog's console renderer formats tracebacks with it when present (here only
+#   a test tool's dependency); kept out for good (~3 MiB PSS);
+# - ssl and _hashlib: asyncio and aiohttp import ssl at start for TLS, which the daemon
+#   never serves (a Unix socket, plain-HTTP metrics), and aiohttp's client hashlib, whose
+#   OpenSSL backend it never uses: together they map libssl and libcrypto (~4 MiB PSS).
+#   Kept out only while the daemon's own modules load, so that those libraries take
+#   their no-TLS paths and hashlib its built-in digests. The standard modules that
+#   define their TLS parts only when ssl imports (urllib.request's HTTPSHandler,
+#   http.client's HTTPSConnection) are then dropped from sys.modules, so that whatever
+#   imports them later (prometheus_client, on the first metrics scrape) gets them whole,
+#   and ssl with them.
+# Only in the daemon's own process (a real command line, argv None): tests that call
+# main(argv) in-process keep what they have.
+NOT_LOADED = ("rich",)
+NOT_LOADED_AT_START = ("ssl", "_hashlib")
+WITHOUT_TLS_PARTS = ("urllib.request", "http.client")
+
+
+def _import_lean() -> None:
+    marked = [name for name in (*NOT_LOADED, *NOT_LOADED_AT_START) if name not in sys.modules]
+    fresh = [name for name in WITHOUT_TLS_PARTS if name not in sys.modules]
+    for name in marked:
+        sys.modules[name] = None  # an import of it raises ImportError
+    try:
+        import asyncio  # noqa: F401
+        import topod.service.daemon  # noqa: F401
+        import topod.service.server  # noqa: F401 - aiohttp
+    finally:
+        for name in NOT_LOADED_AT_START:
+            if name in marked and sys.modules.get(name, False) is None:
+                del sys.modules[name]
+        for name in fresh:
+            sys.modules.pop(name, None)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if argv is None:
+        _import_lean()
     from topod.config import load_config
 
     if args.check_config:
@@ -53,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         # C extension) writes the Python stacks to stderr, the journal: never a silent exit.
         faulthandler.enable()
         from topod.service.daemon import Daemon
+
+        import asyncio
 
         daemon = Daemon(config, config_path=args.config)
         asyncio.run(daemon.run())

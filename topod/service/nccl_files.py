@@ -6,7 +6,6 @@ daemon calls them from worker threads."""
 from __future__ import annotations
 
 import os
-import secrets
 import stat
 from collections.abc import Callable
 from pathlib import Path
@@ -128,7 +127,7 @@ def _write_owned(path: Path, data: bytes, uid: int, gid: int) -> None:
     finally:
         os.close(base)
     try:
-        temp = f".{path.name}.{secrets.token_hex(8)}.tmp"
+        temp = f".{path.name}.{os.urandom(8).hex()}.tmp"  # secrets.token_hex, without hashlib's libcrypto (issue 26)
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
                      dir_fd=user_dir)
         try:

@@ -1,0 +1,37 @@
+"""The idle daemon leaves out what it never uses (issue 26): rich (structlog's console
+tracebacks), ssl and hashlib's OpenSSL backend (no TLS is served) are not loaded by the
+daemon started as a user starts it; the metrics endpoint, whose library needs ssl, still
+answers, loading it then. Checked on the daemon's own -X importtime list
+(PYTHONPROFILEIMPORTTIME) and its memory map, not on a copy of its start-up."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from tests.service.test_daemon_scenarios import scrape_metrics
+
+# A module marked absent still shows in the -X importtime list (the attempt); what only
+# its loading imports does not: rich's submodules, ssl's C part.
+NOT_IMPORTED = ("rich.console", "rich.traceback", "_ssl")
+
+
+def _imported(log: str) -> set[str]:
+    return {line.split("|")[-1].strip() for line in log.splitlines() if line.startswith("import time:")}
+
+
+def _maps(pid: int, pattern: str) -> bool:
+    return bool(re.search(pattern, Path(f"/proc/{pid}/maps").read_text()))
+
+
+def test_the_idle_daemon_loads_neither_rich_nor_ssl_and_metrics_still_answer(daemon_factory):
+    daemon = daemon_factory(config=None, env={"PYTHONPROFILEIMPORTTIME": "1"})
+    client = daemon.start()
+    assert client.health()["status"] in ("ok", "degraded")
+    imported = _imported(daemon.log())
+    assert "aiohttp.web" in imported and "structlog" in imported, "the daemon's stack loaded"
+    assert sorted(imported & set(NOT_IMPORTED)) == []
+    assert not _maps(daemon.process.pid, r"/libssl\.so|/libcrypto\.so|/_ssl\.cpython|/_hashlib\.cpython")
+    status, text = scrape_metrics(daemon.socket)  # prometheus_client imports ssl: given it now
+    assert status == 200 and "topod_" in text, text[-2000:]
+    assert _maps(daemon.process.pid, r"/libssl\.so")
