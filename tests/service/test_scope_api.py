@@ -234,3 +234,6 @@ def test_topoctl_scope_places_a_pid_and_says_what_holds_it(daemon_factory, syste
     assert systemd.units[f"topod-lease-{lease['id']}.scope"]["pids"] == [pid]
     refused = subprocess.run([*topoctl, "scope", "nosuchlease", str(pid)], capture_output=True, text=True, timeout=60)
     assert refused.returncode != 0 and "nosuchlease" in refused.stderr
+    client.release(lease["id"])  # a lease whose scope topod made takes the scope with it
+    _until(lambda: f"topod-lease-{lease['id']}.scope" not in systemd.units, "the scope stopped with its lease")
+    assert ("StopUnit", (f"topod-lease-{lease['id']}.scope", "replace")) in systemd.calls

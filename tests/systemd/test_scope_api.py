@@ -31,13 +31,14 @@ def test_a_running_process_is_placed_in_its_lease_scope_and_its_end_ends_the_lea
         assert answer["scope"] == unit and answer["created"] is True and answer["pid"] == pid
         # The daemon serves a fixture tree (not this host): it claims nothing for the CPUs.
         assert answer["enforcement"] == "none" and answer["host_enforcement"] == "none", answer
-        shown = tier.show(unit, "ActiveState", "AllowedCPUs", "AllowedMemoryNodes", "DevicePolicy")
+        shown = tier.show(unit, "ActiveState", "AllowedCPUs", "AllowedMemoryNodes", "DevicePolicy", "Slice")
         assert shown["ActiveState"] == "active"
+        assert shown["Slice"] == "topod.slice", "beside system.slice, which live isolation narrows"
         assert _ids(shown["AllowedCPUs"]) == lease["cpus"] and _ids(shown["AllowedMemoryNodes"]) == \
             lease["memory_nodes"], shown
         assert shown["DevicePolicy"] == "closed"
         cgroups = tier.sh(f"cat /proc/{pid}/cgroup", check=True).stdout.splitlines()
-        assert any(line.endswith(f"/{unit}") for line in cgroups), cgroups
+        assert any(line.endswith(f"/topod.slice/{unit}") for line in cgroups), cgroups
         recorded = next(item for item in tier.leases() if item["id"] == lease["id"])
         assert recorded["scope"] == unit
 
@@ -55,13 +56,16 @@ def test_a_running_process_is_placed_in_its_lease_scope_and_its_end_ends_the_lea
                 f"systemctl reset-failed {HOLDER} 2>/dev/null")
 
 
-def test_topoctl_run_journal_puts_the_output_under_the_lease_scope(tier):
+def test_a_users_topoctl_run_journal_gets_its_scope_from_topod_and_its_output_under_it(tier):
     word = uuid.uuid4().hex[:10]
     since = tier.now_usec()
+    # alice (group topod, not root): systemd refuses her a unit (no polkit rule), so topoctl
+    # run asks topod to place her command, then the output goes to the journal from inside.
     done = tier.sh(f"topoctl --json run --journal --gpus 1 --job journal-tier -- "
-                   f"sh -c 'echo out-{word}; echo err-{word} >&2; sleep 1'", timeout=60)
+                   f"sh -c 'echo out-{word}; echo err-{word} >&2; sleep 1'", user="alice", timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads(done.stdout.splitlines()[0])
+    assert report["scope"]["created"] is True and report["scope"]["by"] == "topod", report
     assert f"out-{word}" not in done.stdout and f"err-{word}" not in done.stderr, "in the journal, not here"
     unit = f"topod-lease-{report['lease']}.scope"
 
@@ -75,3 +79,7 @@ def test_topoctl_run_journal_puts_the_output_under_the_lease_scope(tier):
     assert by_message[f"out-{word}"]["SYSLOG_IDENTIFIER"] == "journal-tier"
     shown = tier.sh(f"journalctl -u {unit} -o cat --no-pager").stdout
     assert f"out-{word}" in shown and f"err-{word}" in shown, shown
+    # the lease ended with the run, and topod stopped the scope it made
+    tier.wait_until(lambda: tier.show(unit, "ActiveState")["ActiveState"] in ("inactive", "failed"),
+                    f"{unit} gone with its lease", timeout=20)
+    assert all(item["id"] != report["lease"] for item in tier.leases())

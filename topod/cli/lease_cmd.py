@@ -191,6 +191,14 @@ def _enclose(client, lease: dict, pid: int, cpus: list[int] | None, nodes: list[
         scope["created"] = True
     except ScopeError as exc:
         scope["reason"] = str(exc)
+        if "refused to start a unit for this user" in str(exc):
+            # polkit refuses this user; topod (root) places the lease owner's own child
+            # (POST /v1/leases/{id}/scope) and stops the scope when the lease ends.
+            try:
+                client.place_in_scope(lease["id"], pid)
+                scope.update(created=True, reason=None, by="topod")
+            except Exception as placed:  # noqa: BLE001 - an older topod, or none on the bus: said
+                scope["reason"] += f"; topod could not place it either ({placed})"
     # sched_setaffinity takes a mask that names at least one CPU this process may use; a
     # lease from another host's tree may name none here, and then nothing is pinned.
     pinnable = bool(cpus) and bool(set(cpus) & os.sched_getaffinity(0))
@@ -333,7 +341,7 @@ def run_run(args) -> int:
             os.close(go_write)
             if code is None:
                 _wait(pid)
-        if outcome is not None and outcome["scope"]["created"]:
+        if outcome is not None and outcome["scope"]["created"] and outcome["scope"].get("by") != "topod":
             from topod.scope import ScopeError, stop_scope
 
             try:  # what the command left running in the scope ends with the lease

@@ -347,11 +347,15 @@ class Daemon:
                 self.irq.leases_changed()
             if self.probe is not None:
                 self.probe.leases_changed()
-        # A revoked lease (by root, or a preemption's grace over) takes its job with it: its
-        # scope is stopped (topod.service.lease_scope); without systemd, said once.
-        if record["event"] == "lease_revoked" and self._tasks is not None and self.scopes.reachable is not False:
-            self._tasks.create_task(self.scopes.stop(str(record["lease"]), str(record.get("reason"))),
-                                    name="topod-scope-stop")
+        # A revoked lease (by root, or a preemption's grace over) takes its job with it, and
+        # so does any lease whose scope topod made: the scope is stopped
+        # (topod.service.lease_scope); without systemd, said once.
+        lease_id = str(record.get("lease"))
+        ended = record["event"] == "lease_revoked" or (record["event"] == "lease_released" and
+                                                       lease_id in self.scopes.placed)
+        if ended and self._tasks is not None and self.scopes.reachable is not False:
+            self.scopes.placed.discard(lease_id)
+            self._tasks.create_task(self.scopes.stop(lease_id, str(record.get("reason"))), name="topod-scope-stop")
 
     def _state_changed(self, kind: str) -> None:
         if kind == "hardware":

@@ -19,7 +19,9 @@
   down (or the bus was) ends its lease too. An unreachable bus is said once (log
   `lease_scopes_unreachable`, /v1/health `scopes`), retried quietly, and degrades nothing:
   most hosts without systemd are still hosts topod serves.
-- `stop`: a revoked lease's scope is stopped (SIGTERM, then TimeoutStopSec).
+- `stop`: a revoked lease's scope is stopped (SIGTERM, then TimeoutStopSec), and so is
+  the scope of any lease that ends after topod placed a process in it (what a job leaves
+  running ends with its lease, as `topoctl run` does for the scopes it starts itself).
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ class LeaseScopes:
         self._exit = None
         self._signals: asyncio.Queue | None = None
         self._watching = False  # subscribed to systemd's signals
+        self.placed: set[str] = set()  # leases whose scope topod made: stopped when they end
 
     # -- placing a process ---------------------------------------------------------------
     async def place(self, lease_id: str, body: Any, caller: Any) -> dict:
@@ -107,6 +110,7 @@ class LeaseScopes:
         if recorded is None:  # the lease ended meanwhile: its scope goes with it
             await self.stop(lease.id, "the lease ended while its scope was made")
             raise LeaseNotFoundError(f"lease {lease_id!r} ended while pid {pid} was placed")
+        self.placed.add(lease.id)
         self.publish("lease_scope_placed", lease=lease.id, pid=pid, scope=spec.name, created=created,
                      enforcement=enforcement)
         return {"lease": lease.id, "pid": pid, "scope": spec.name, "created": created, "enforcement": enforcement,
@@ -214,6 +218,7 @@ class LeaseScopes:
         for lease in list(self.alloc.leases()):
             if not lease.scope:
                 continue
+            self.placed.add(lease.id)
             try:
                 await self._ask("GetUnit", "s", (lease.scope,))
             except DBusErrorResponse as exc:
