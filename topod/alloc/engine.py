@@ -334,7 +334,9 @@ def _search(view, candidates, must, unary, node_cap, max_nodes, k, budget,
     """The minimum-objective set; given `busy` (a grant, not a reference), the look-ahead
     chooses among the equal-cost ones.
 
-    Memoised per view (SEARCH_MEMO, oldest out) by the problem's shape, not its GPUs:
+    Memoised per view (SEARCH_MEMO, oldest out), first by the arguments themselves (the
+    same GPUs free with the same terms and caps, whatever CPUs the leases hold), then by
+    the problem's shape, not its GPUs:
     per class (static twin, per-GPU term, GPUs free, GPUs forced) in the problem's order,
     the node caps and limits and, for the look-ahead, the free GPUs per twin class. Every
     solver answers with how many GPUs of each class, taken first-listed first, so the
@@ -347,9 +349,26 @@ def _search(view, candidates, must, unary, node_cap, max_nodes, k, budget,
         ties = one_ties(candidates, view.twin, unary, view.node, node_cap, max_nodes, DELTA_FRAG)
         if ties:
             return _look_ahead(view, census, busy, ties)
+    memo = view.search_memo
+    caps = tuple(sorted(node_cap.items())) if node_cap is not None else None
+    # The same GPUs free with the same terms (the CPUs leases hold differ): no problem to build.
+    exact_key = ("gpus", k, budget, max_nodes, caps, tuple(candidates), frozenset(must),
+                 tuple([unary.get(p, 0.0) for p in candidates]), frozenset(busy) if census else None)
+    known = memo.get(exact_key)
+    if known is not None:
+        return known or None
+    found = _by_shape(view, census, candidates, must, unary, node_cap, max_nodes, caps, k, budget, busy)
+    memo[exact_key] = found or False
+    if len(memo) > SEARCH_MEMO:
+        del memo[next(iter(memo))]
+    return found
+
+
+def _by_shape(view, census, candidates, must, unary, node_cap, max_nodes, caps, k, budget, busy):
+    """The search by the problem's shape (see _search)."""
     problem = build_problem(candidates, must, view.twin, view.node, view.search_weight, unary, node_cap, max_nodes)
     twin = view.twin
-    key = (k, budget, max_nodes, tuple(sorted(node_cap.items())) if node_cap is not None else None,
+    key = (k, budget, max_nodes, caps,
            tuple([(twin[group[0]], u, len(group), lo) for group, u, lo in zip(problem.members, problem.unary,
                                                                                 problem.lo)]),
            tuple(_free_per_twin(view, busy)) if census else None)
