@@ -93,8 +93,9 @@ def _p(values: list[float], q: float) -> float:
 def latency(name: str, steps: int, level: str = "any", cpus: int | str = 0, loaded=None) -> Latency:
     """Warm decisions (prepared and the heap frozen, as the daemon does at start and
     after each topology change) over a seeded allocate/release stream; leases hold their
-    GPUs, CPUs and NIC ports (the free state counts them as the daemon's does). Wall clock and CPU time per decision, and apart the decisions the
-    engine had not made before (its memo of recent decisions did not hold them)."""
+    GPUs, CPUs and NIC ports (the free state counts them as the daemon's does). Wall
+    clock and CPU time per decision, and apart the decisions the engine had not made
+    before (its memo of recent decisions did not hold them)."""
     topology, distances = loaded or load(name)
     n = len(topology.gpus)
     prepare(topology, distances)
@@ -392,8 +393,8 @@ def main() -> int:
         line(f"latency {name} ({n} GPUs)", f"default level, auto cores: p50 {auto.p50:.3f} ms, p99 {auto.p99:.3f} ms "
              f"over {auto.count} decisions (goal p99 {goals[n]} ms: {'met' if auto.p99 <= goals[n] else 'MISSED'}); "
              f"CPU time p50 {auto.cpu_p50:.3f}, p99 {auto.cpu_p99:.3f} ms; the {auto.fresh} not answered from the memo "
-             f"(refusals included): p99 {auto.fresh_p99:.3f} ms; level any, no cores: p50 {bare.p50:.3f} ms, p99 {bare.p99:.3f} ms "
-             f"(CPU p99 {bare.cpu_p99:.3f} ms)")
+             f"(refusals included): p99 {auto.fresh_p99:.3f} ms; level any, no cores: p50 {bare.p50:.3f} ms, "
+             f"p99 {bare.p99:.3f} ms (CPU p99 {bare.cpu_p99:.3f} ms)")
         line(f"first decision {name}", first_decisions(name, loaded))
     line("load average", " ".join(f"{x:.2f}" for x in os.getloadavg()))
     if args.latency_only:

@@ -145,7 +145,8 @@ def node_cores(topology: Topology, excluded: set[int] | frozenset[int],
             blocked.setdefault(node, set()).add(core)
     whole = cmap.whole
     if not whole:  # each node with nothing excluded, built once per map and shared (read only)
-        whole.update({node: _NodeCores(ordered, eligible, llc) for node, (ordered, llc, eligible) in cmap.nodes.items()})
+        whole.update({node: _NodeCores(ordered, eligible, llc)
+                      for node, (ordered, llc, eligible) in cmap.nodes.items()})
     return {node: _NodeCores(ordered, eligible - blocked[node], llc) if node in blocked else whole[node]
             for node, (ordered, llc, eligible) in cmap.nodes.items()}
 

@@ -67,8 +67,11 @@ __all__ = ["Assessment", "FreeState", "allocate", "assess", "prepare", "set_cost
 
 DELTA_FRAG = 1e-7
 DEFAULT_POLICY = PolicySettings()
-SEARCH_MEMO = 2048  # searches remembered per host view (a few hundred KiB on 64 GPUs)
-DECISION_MEMO = 256  # decisions remembered per host view (frozen values, shared by the callers)
+# Memo sizes per host view, divided by its GPUs (an entry grows with them, and a big host
+# repeats a state less often): 2,048 searches and 256 decisions on 8 GPUs, 256 and 32 on 64;
+# under 1 MiB on 8 GPUs and about 2 MiB on 64 after bench/alloc.py's stream.
+SEARCH_MEMO_GPUS = 16_384
+DECISION_MEMO_GPUS = 2_048
 
 
 def allocate(topology: Topology, distances: DistanceModel, state: FreeState, request: Request,
@@ -80,9 +83,9 @@ def allocate(topology: Topology, distances: DistanceModel, state: FreeState, req
 
 def _remembered(view: HostView, state: FreeState, request: Request, policy: PolicySettings, tau: float) -> Decision:
     """A decision is a function of the view, the free state, the request, the policy and
-    tau alone, and a frozen value: the last DECISION_MEMO are kept per view (oldest out),
-    so a state and request seen before (an allocate/release cycle, the empty host after
-    prepare) cost a lookup. Refusals are not kept: they raise before any search or after
+    tau alone, and a frozen value: the last DECISION_MEMO_GPUS / GPUs are kept per view
+    (oldest out), so a state and request seen before (an allocate/release cycle, the
+    empty host after prepare) cost a lookup. Refusals are not kept: they raise before any search or after
     a memoised one."""
     key = (request, policy, tau, frozenset(state.busy_gpus), frozenset(state.busy_cpus),
            frozenset(state.reserved_cpus), tuple(sorted(state.node_load.items())), frozenset(state.busy_nics),
@@ -94,7 +97,7 @@ def _remembered(view: HostView, state: FreeState, request: Request, policy: Poli
         return _decide(view, state, request, policy, tau)
     if decision is None:
         decision = memo[key] = _decide(view, state, request, policy, tau)
-        if len(memo) > DECISION_MEMO:
+        if len(memo) > DECISION_MEMO_GPUS // view.n:
             del memo[next(iter(memo))]
     return decision
 
@@ -232,7 +235,8 @@ def prepare(topology: Topology, distances: DistanceModel, state: FreeState | Non
     # free state: its search is then memoised and every lazily built table exists.
     for k in sizes:
         try:
-            _remembered(view, state, Request(gpus=k, cpus_per_gpu="auto"), policy, topology_weight(0, 0.0, None, policy))
+            _remembered(view, state, Request(gpus=k, cpus_per_gpu="auto"), policy,
+                        topology_weight(0, 0.0, None, policy))
         except AllocationError:
             pass  # not grantable in this state: the references above still stand
     return view
@@ -334,7 +338,7 @@ def _search(view, candidates, must, unary, node_cap, max_nodes, k, budget,
     """The minimum-objective set; given `busy` (a grant, not a reference), the look-ahead
     chooses among the equal-cost ones.
 
-    Memoised per view (SEARCH_MEMO, oldest out), first by the arguments themselves (the
+    Memoised per view (SEARCH_MEMO_GPUS / GPUs, oldest out), first by the arguments themselves (the
     same GPUs free with the same terms and caps, whatever CPUs the leases hold), then by
     the problem's shape, not its GPUs:
     per class (static twin, per-GPU term, GPUs free, GPUs forced) in the problem's order,
@@ -359,7 +363,7 @@ def _search(view, candidates, must, unary, node_cap, max_nodes, k, budget,
         return known or None
     found = _by_shape(view, census, candidates, must, unary, node_cap, max_nodes, caps, k, budget, busy)
     memo[exact_key] = found or False
-    if len(memo) > SEARCH_MEMO:
+    if len(memo) > SEARCH_MEMO_GPUS // view.n:
         del memo[next(iter(memo))]
     return found
 
@@ -377,7 +381,7 @@ def _by_shape(view, census, candidates, must, unary, node_cap, max_nodes, caps, 
     if known is None:
         found = _solve(view, census, problem, k, budget, busy)
         memo[key] = _counts(problem, found) if found is not None else False
-        if len(memo) > SEARCH_MEMO:
+        if len(memo) > SEARCH_MEMO_GPUS // view.n:
             del memo[next(iter(memo))]
         return found
     if known is False:
