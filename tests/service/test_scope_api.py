@@ -136,6 +136,7 @@ def test_who_may_place_what(daemon_factory, systemd, sleeper):
     topod = daemon.process.pid
     for body, status, code, text in (
             ({"pid": 1}, 403, "permission_denied", "init"),
+            ({"pid": 1.0}, 403, "permission_denied", "init"),  # JSON Schema's integer: 1.0 is 1
             ({"pid": topod}, 403, "permission_denied", "topod itself"),
             ({"pid": 2**22 + 1}, 400, "invalid_request", "pid_max"),
             ({"pid": "12"}, 400, "invalid_request", "integer"),

@@ -34,6 +34,7 @@ from typing import Any
 import structlog
 
 from topod.alloc.errors import InvalidRequestError
+from topod.alloc.request import integral
 from topod.errors import UnavailableError
 from topod.scope import MANAGER, MANAGER_PATH, SYSTEMD, ScopeError, ScopeSpec, lease_of_unit
 
@@ -50,8 +51,8 @@ def pid_of_body(body: Any, pid_max: int) -> int:
     extra = sorted(set(body) - {"pid"})
     if extra:
         raise InvalidRequestError(extra[0], "unknown field (only pid)")
-    pid = body.get("pid")
-    if isinstance(pid, bool) or not isinstance(pid, int):
+    pid = integral(body.get("pid"))  # as JSON Schema's integer: 12.0 is 12
+    if pid is None:
         raise InvalidRequestError("pid", "an integer process id is required")
     if not 1 <= pid <= pid_max:
         raise InvalidRequestError("pid", f"must be between 1 and {pid_max} (the kernel's pid_max)")
