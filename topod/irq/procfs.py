@@ -11,6 +11,7 @@ from __future__ import annotations
 import operator
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from itertools import compress
 
 from topod.cpulist import parse_cpulist
@@ -171,6 +172,7 @@ def parse_affinity(requested: str | None, effective: str | None, node: str | Non
     return IrqAffinity(_cpus_or_none(requested), _cpus_or_none(effective), _int_or_none(node))
 
 
+@lru_cache(maxsize=1024)  # a cycle reads two CPU lists per IRQ, and most say the same few things
 def _cpus_or_none(text: str | None) -> tuple[int, ...] | None:
     if text is None:
         return None
