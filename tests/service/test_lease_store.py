@@ -10,6 +10,7 @@ import sqlite3
 import stat
 
 import pytest
+from dataclasses import replace
 
 from topod.errors import TopodError
 from topod.alloc.request import Decision, Performance, Placement
@@ -231,6 +232,52 @@ def test_the_mirror_keeps_leased_cpus_through_adds_removes_and_undos(tmp_path):
     store.close()
 
 
+def _confirmed_on_disk(store: LeaseStore, lease_id: str) -> bool:
+    """Read through the store's own connection (its lock is EXCLUSIVE), its writer idle."""
+    store.flush()
+    (body,) = store._db.execute("SELECT body FROM leases WHERE id = ?", (lease_id,)).fetchone()
+    return json.loads(body)["confirmed"]
+
+
+def test_a_confirmation_rides_with_the_next_commit_or_goes_alone_within_a_second(tmp_path, monkeypatch):
+    """A confirmation waits for no fsync of its own: it joins the next change's commit, and
+    is written by itself after LAZY_SECONDS when no change comes; flush and close write it."""
+    import topod.service.lease_store as lease_store
+
+    monkeypatch.setattr(lease_store, "LAZY_SECONDS", 0.3)
+    store = LeaseStore(tmp_path)
+
+    async def scenario():
+        await store.add(replace(make_lease("a", (0,)), confirmed=False))
+        await store.add(replace(make_lease("b", (1,)), confirmed=False))
+        commits = store.commits
+        confirmed = store.confirm("a")
+        assert store.get("a").confirmed is True, "the mirror changes at once"
+        await asyncio.sleep(0.1)
+        assert store.commits == commits and not confirmed.done(), "no commit of its own yet"
+        await store.add(make_lease("c", (2,)))  # the next change takes it along
+        assert confirmed.done() and store.commits == commits + 1
+        alone = store.confirm("b")
+        started = asyncio.get_running_loop().time()
+        await alone
+        waited = asyncio.get_running_loop().time() - started
+        assert 0.2 < waited < 2.0 and store.commits == commits + 2, waited
+
+    asyncio.run(scenario())
+    store.flush()
+    assert _confirmed_on_disk(store, "a") and _confirmed_on_disk(store, "b")
+
+    async def flushed():
+        await store.add(replace(make_lease("d", (3,)), confirmed=False))
+        store.confirm("d")
+
+    asyncio.run(flushed())
+    store.close()  # writes what is pending, the confirmation included
+    reopened = LeaseStore(tmp_path)
+    assert reopened.get("d").confirmed is True
+    reopened.close()
+
+
 def test_checkpoints_run_between_batches_and_the_wal_stays_bounded(tmp_path, monkeypatch):
     import topod.service.lease_store as lease_store
 
@@ -268,6 +315,7 @@ def test_a_checkpoint_waits_for_a_quiet_moment_but_not_for_ever(tmp_path, monkey
     monkeypatch.setattr(lease_store, "CHECKPOINT_FORCE_COMMITS", 6)
     store = LeaseStore(tmp_path)
     store._pending.append(lease_store._Op([], lambda: None, None, None))  # a change always waiting
+    store._urgent = 1
     for n in range(5):
         store._unchecked_commits = n
         store._checkpoint_if_due()
@@ -276,6 +324,7 @@ def test_a_checkpoint_waits_for_a_quiet_moment_but_not_for_ever(tmp_path, monkey
     store._checkpoint_if_due()
     assert store.checkpoints == 1 and store._unchecked_commits == 0, "overdue: done regardless"
     store._pending.clear()
+    store._urgent = 0
     store._unchecked_commits = 2
     store._checkpoint_if_due()
     assert store.checkpoints == 2, "due and quiet"

@@ -29,6 +29,7 @@ import os
 import sqlite3
 import stat
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -65,6 +66,12 @@ CHECKPOINT_EVERY_COMMITS = 200
 # instead of a WAL that only grows.
 CHECKPOINT_FORCE_COMMITS = 2000
 BUSY_TIMEOUT_MS = 5000  # sqlite3.connect's default, made explicit
+# A confirmation (a lease's answer was written) is no change anyone waits on: it rides
+# with the next commit, or is written on its own after this long. A crash or power loss
+# in that window brings the lease back unconfirmed, the case the crash rule already
+# covers (LeaseService.recover: [alloc] unconfirmed_grace_seconds, then it ends unless its
+# holder renews it). It saves an fsync per grant of a lease with neither ttl nor owner.
+LAZY_SECONDS = 1.0
 
 
 class LeaseConflictError(TopodError):
@@ -156,6 +163,8 @@ class LeaseStore:
         self._pending: list[_Op] = []
         self._cond = threading.Condition()
         self._writer_idle = False  # the writer waits on _cond: a change must wake it
+        self._urgent = 0  # pending changes someone waits on (all but confirmations)
+        self._lazy_deadline: float | None = None  # when pending confirmations alone get written
         self._closing = False
         self._writer: threading.Thread | None = None
         self.commits = 0  # transactions written (one fsync each)
@@ -317,7 +326,7 @@ class LeaseStore:
                 self._cache[lease_id] = previous
 
         return self._queue([("UPDATE leases SET body = json_set(body, '$.confirmed', json('true')) WHERE id = ?",
-                             (lease_id,))], undo)
+                             (lease_id,))], undo, lazy=True)
 
     def remove(self, lease_id: str) -> tuple[Lease, asyncio.Future | None] | None:
         """The lease leaves the mirror at once (no one can end it twice), but its GPUs and
@@ -355,10 +364,12 @@ class LeaseStore:
                     held.pop(key, None)
 
     def _queue(self, sql: list[tuple[str, tuple | list]], undo: Callable[[], None],
-               on_success: Callable[[], None] | None = None) -> asyncio.Future | None:
+               on_success: Callable[[], None] | None = None, lazy: bool = False) -> asyncio.Future | None:
         """The future of the commit holding this change; None when there is no event loop
         (tools, tests of parts): then the change is written before this returns.
-        on_success runs (on the loop) once the change is on disk, before the future resolves."""
+        on_success runs (on the loop) once the change is on disk, before the future resolves.
+        lazy: the change waits for the next commit, at most LAZY_SECONDS (changes keep
+        their order either way)."""
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
@@ -387,10 +398,16 @@ class LeaseStore:
                 undo()
                 raise LeaseStoreError(f"{self.broken}; the change was not made")
             self._pending.append(op)
+            wake = not lazy or self._lazy_deadline is None  # a lazy one only sets the deadline
+            if lazy:
+                if self._lazy_deadline is None:
+                    self._lazy_deadline = time.monotonic() + LAZY_SECONDS
+            else:
+                self._urgent += 1
             if self._writer is None:
                 self._writer = threading.Thread(target=self._run_writer, name="topod-lease-writer", daemon=True)
                 self._writer.start()
-            elif self._writer_idle:  # a busy writer takes what is pending when its commit ends
+            elif wake and self._writer_idle:  # a busy writer takes what is pending when its commit ends
                 self._writer_idle = False
                 self._cond.notify()
         return future
@@ -399,11 +416,17 @@ class LeaseStore:
     def _run_writer(self) -> None:
         while True:
             with self._cond:
-                while not self._pending and not self._closing:
+                while not self._urgent and not self._closing:
+                    wait = None  # nothing pending: until a change comes
+                    if self._pending:  # confirmations only: until their deadline
+                        wait = self._lazy_deadline - time.monotonic()
+                        if wait <= 0:
+                            break
                     self._writer_idle = True
-                    self._cond.wait()
+                    self._cond.wait(wait)
                 self._writer_idle = False
                 batch, self._pending = self._pending, []
+                self._urgent, self._lazy_deadline = 0, None
                 if not batch and self._closing:
                     return
             self._write(batch)
@@ -506,7 +529,7 @@ class LeaseStore:
         if due < CHECKPOINT_EVERY_COMMITS:
             return
         with self._cond:
-            waiting = bool(self._pending)
+            waiting = bool(self._urgent)
         if waiting and due < CHECKPOINT_FORCE_COMMITS:
             return
         try:
@@ -524,6 +547,7 @@ class LeaseStore:
                 return
             marker = _Op([], lambda: None, None, None, written=threading.Event())
             self._pending.append(marker)
+            self._urgent += 1
             self._cond.notify()
         marker.written.wait(timeout)
 
