@@ -1,7 +1,7 @@
 """Seed 004's P99 effect, on CPUs: a rank's busy-step loop on a leased CPU with CPU hogs
 outside the lease, isolation off vs on, and `topoctl bind` vs an unpinned rank.
 
-    python bench/isolation.py [--seconds 6] [--hogs 3]
+    python bench/isolation.py [--seconds 6] [--hogs 3] [--whole-host]
 
 Each row runs a step loop (a fixed amount of work, ~0.7 ms on an idle CPU) for --seconds and
 prints step p50/p99/max in ms, the steps done, and the 1-minute load average at its end:
@@ -10,8 +10,13 @@ prints step p50/p99/max in ms, the steps done, and the 1-minute load average at 
   bound         rank through topoctl bind (pinned to the leased CPU), hogs anywhere
   bound+isolate bound rank, hogs narrowed off the leased CPU by topod.isolate
 The leased CPU is the highest this process may use; the lease is modelled by the
-environment topoctl bind reads (TOPOD_GPU_CPUS). topod.isolate acts only on the hogs this
-benchmark started (its pid filter), never on other processes of the host.
+environment topoctl bind reads (TOPOD_GPU_CPUS). By default topod.isolate acts only on the
+hogs this benchmark started (its pid filter), never on other processes of the host. With
+--whole-host (root) it does what `[isolate] system = true` does on an affinity-mode host:
+every movable thread of every process but the rank and this benchmark leaves the leased
+CPU for the row, and is given its affinity back after it (the record in a temporary state
+directory; per-CPU kernel threads stay, as the kernel wants). The row then counts what
+isolation does against the whole host's load, not only against the hogs.
 """
 
 from __future__ import annotations
@@ -80,10 +85,20 @@ def rank(seconds: float, iterations: int, bind: bool, env: dict[str, str]) -> di
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _summary(report: dict) -> str:
+    """An Isolation report (apply or restore), one line: threads moved, given back,
+    failed, and those left alone by reason."""
+    alone = "; ".join(f"{reason}: {count}" for reason, count in sorted(report.get("left_alone", {}).items()))
+    return (f"narrowed {report.get('narrowed_now', 0)}, restored {report.get('restored_now', 0)}, "
+            f"failed {report.get('failed_now', 0)}" + (f", left alone ({alone})" if alone else ""))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=6.0)
     parser.add_argument("--hogs", type=int, default=3)
+    parser.add_argument("--whole-host", action="store_true",
+                        help="isolate every movable process of the host for the isolation row, not only the hogs (root)")
     parser.add_argument("--step", type=float, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--iterations", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -122,12 +137,17 @@ def main() -> int:
         show("bound", rank(args.seconds, iterations, True, env))
         with tempfile.TemporaryDirectory() as state:
             pids = {hog.pid for hog in hogs}
-            isolation = Isolation(HostRoot("/"), state, pids=pids.__contains__, own=set)
-            isolation.apply({leased})
+            admit = None if args.whole_host else pids.__contains__
+            # own: nothing; this benchmark's descendants (the hogs) must move, and the bound
+            # rank is left alone by isolate itself (its threads sit inside the leased CPUs).
+            isolation = Isolation(HostRoot("/"), state, pids=admit, own=set)
+            applied = isolation.apply({leased})
             try:
                 show("bound+isolate", rank(args.seconds, iterations, True, env))
             finally:
-                isolation.restore()
+                restored = isolation.restore()
+            print(f"isolation ({'whole host' if args.whole_host else 'hogs only'}): {_summary(applied)}; "
+                  f"restored: {_summary(restored)}")
     finally:
         for hog in hogs:
             hog.kill()
