@@ -7,8 +7,8 @@
 - idle CPU: both processes' CPU time (the scheduler's, in ns) over IDLE_SECONDS after
   start-up settled, as a share of one core (goal <= 0.1 %), and each process's part;
 - `topoctl topo --json` on every real tree of tests/data/hosts, bytecode cached (as an
-  install runs it), interleaved with `python -I -c 'import json'`: medians and their ratio
-  (goal <= 1.5x on every tree).
+  install runs it), run as the installed console script where there is one, interleaved
+  with `python -I -c 'import json'`: medians and their ratio (goal <= 1.5x on every tree).
 One line per figure, with the load average.
 
     python bench/footprint.py [--idle-seconds 30] [--runs 15]
@@ -117,11 +117,19 @@ def timed(command: list[str], env: dict, cwd: Path) -> float:
     return time.perf_counter() - started
 
 
+def topoctl_command() -> list[str]:
+    """The installed `topoctl` (the console script beside this interpreter, as a user runs
+    it); `python -m topod.cli.topoctl` where there is none (it also loads runpy)."""
+    script = Path(sys.executable).parent / "topoctl"
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "topod.cli.topoctl"]
+
+
 def topo_vs_floor(work: Path, runs: int, env: dict) -> None:
     floor_cmd = [sys.executable, "-I", "-c", "import json"]
     worst = 0.0
+    print(f"topoctl is {' '.join(topoctl_command())}")
     for name, root in real_trees(work):
-        topo_cmd = [sys.executable, "-m", "topod.cli.topoctl", "topo", "--root", str(root), "--json"]
+        topo_cmd = [*topoctl_command(), "topo", "--root", str(root), "--json"]
         for command in (topo_cmd, floor_cmd):  # compile and cache bytecode, warm the page cache
             timed(command, env, work)
         topo, floor = [], []

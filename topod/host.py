@@ -18,7 +18,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
-import threading
+from _thread import _local as thread_local  # threading.local, without importing threading (~1 ms a topoctl start)
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -163,7 +163,7 @@ class HostRoot:
         self.write_fault: WriteFault | None = None
         # The most recent read problems, for any reader; discovery collects its own.
         self.read_problems: deque[ReadProblem] = deque(maxlen=PROBLEMS_KEPT)
-        self._collectors = threading.local()
+        self._collectors = thread_local()
         self._real_root: str | None = None
         if check:
             self._check_is_host_tree()

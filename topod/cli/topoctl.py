@@ -134,10 +134,22 @@ def _untranslated() -> None:
     argparse.ngettext = lambda singular, plural, n: singular if n == 1 else plural
 
 
+def _fewer_collections() -> None:
+    """A command's start-up (its imports, a discovery) makes tens of thousands of objects
+    and frees few: with the default thresholds `topoctl topo --json` ran 23-26 collections
+    over them, walking the growing heap (2-4 ms of a 40-75 ms run, issue 26). Collect per
+    100,000 new objects instead; a long-running command (watch) is still collected."""
+    import gc
+
+    gc.set_threshold(100_000)
+
+
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # a real command line (not a test calling main): this process is topoctl's
+        _fewer_collections()
     from topod.cli.commands import BY_NAME, build_parser
 
-    if argv is None:  # a real command line (not a test calling main): this process is topoctl's
+    if argv is None:
         _untranslated()
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(argv)
