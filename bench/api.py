@@ -122,22 +122,48 @@ def single(sock: str) -> tuple[list[float], list[float], list[float]]:
 
 
 def fsync_floor(directory: Path, rounds: int = 200) -> list[float]:
-    """The physical floor of a durable grant: one small write and its fsync on the state
-    dir's filesystem (what a FULL commit of a WAL frame waits for), in seconds."""
+    """The physical floor of a durable grant: one 4 KiB overwrite in a preallocated file
+    and its fdatasync on the state dir's filesystem (what SQLite does per FULL commit once
+    its WAL has reached its size), in seconds."""
     path = directory / "fsync-floor"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
+        os.pwrite(fd, b"\0" * 64 * 4096, 0)
+        os.fsync(fd)
         out = []
         for i in range(rounds + 10):
             started = time.perf_counter()
             os.pwrite(fd, b"x" * 4096, (i % 64) * 4096)
-            os.fsync(fd)
+            os.fdatasync(fd)
             if i >= 10:
                 out.append(time.perf_counter() - started)
         return out
     finally:
         os.close(fd)
         path.unlink()
+
+
+def sqlite_commits(directory: Path, rounds: int = 200) -> list[float]:
+    """One SQLite FULL commit alone (WAL, exclusive locking, as the lease store opens it),
+    no thread hand-off, no HTTP: what the database itself adds to the floor."""
+    import sqlite3
+
+    db = sqlite3.connect(directory / "commit-floor.sqlite3", isolation_level=None)
+    try:
+        for pragma in ("locking_mode=EXCLUSIVE", "journal_mode=WAL", "synchronous=FULL"):
+            db.execute(f"PRAGMA {pragma}")
+        db.execute("CREATE TABLE t (id TEXT PRIMARY KEY, body TEXT)")
+        out = []
+        for i in range(rounds + 10):
+            started = time.perf_counter()
+            db.execute("BEGIN IMMEDIATE")
+            db.execute("INSERT INTO t VALUES (?, ?)", (f"{i:016x}", "x" * 1400))
+            db.execute("COMMIT")
+            if i >= 10:
+                out.append(time.perf_counter() - started)
+        return out
+    finally:
+        db.close()
 
 
 def decision_seconds(sock: str) -> tuple[float, int]:
@@ -420,13 +446,15 @@ def main() -> int:
             name = f"topod, sqlite {durability.upper()}" + (", IRQ dry-run" if irq != "off" else "")
             rows.append((name, measure(command, sock, topod_commits, decisions=True)))
         floor = fsync_floor(work)
+        commit_floor = sqlite_commits(work)
         topology_line = topology_figures(root)
     load = os.getloadavg()
     print(topology_line)
     print(f"api allocate+release round trips; 64-GPU host; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     floor_p50 = statistics.median(floor)
-    print(f"fsync floor on the state dir's filesystem (4 KiB write + fsync): p50 {floor_p50 * 1e3:.2f} ms, "
-          f"p99 {p99(floor) * 1e3:.2f} ms")
+    print(f"fsync floor on the state dir's filesystem (4 KiB overwrite + fdatasync): p50 {floor_p50 * 1e3:.2f} ms, "
+          f"p99 {p99(floor) * 1e3:.2f} ms; one SQLite FULL commit alone: p50 "
+          f"{statistics.median(commit_floor) * 1e3:.2f} ms, p99 {p99(commit_floor) * 1e3:.2f} ms")
     bare = rows[0][1]
     for name, row in rows:
         print(f"{name:<34} {CLIENTS} clients: {row['rate']:7.0f} rt/s ({row['rate'] / bare['rate']:.2f} of bare), "
