@@ -367,7 +367,7 @@ def assign_cpus(topology: Topology, gpus: list[Gpu], per_gpu: PerGpu, excluded: 
             if picked is None:
                 raise InsufficientCpusError(f"GPU {gpu.index}: no NUMA node has {cpus_per_gpu} free whole-core CPUs")
         taken.update(picked)
-        cpus[gpu.index] = tuple(sorted(c for core in picked for c in core))
+        cpus[gpu.index] = tuple(sorted([c for core in picked for c in core]))
         where[gpu.index] = node
     granted = {len(v) for v in cpus.values()}
     if not describe:

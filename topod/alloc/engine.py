@@ -134,7 +134,7 @@ def _decide(view: HostView, state: FreeState, request: Request, policy: PolicySe
     if any(nic_terms):
         unary = {p: unary[p] + term for p, term in zip(free, nic_terms)}
     max_nodes = limit if request.level in ("best", "good") else None
-    excluded = set(state.busy_cpus) | set(state.reserved_cpus)
+    excluded = set(state.busy_cpus).union(state.reserved_cpus)
     cmap = _core_map(view)
     auto = request.cpus_per_gpu == "auto"
     per_gpu = _auto_share(view, cmap, state) if auto else request.cpus_per_gpu
@@ -171,13 +171,15 @@ def _decide(view: HostView, state: FreeState, request: Request, policy: PolicySe
     if not result.exact:
         reasons.append(f"search budget of {policy.search_budget} nodes ran out: best set found, not proven optimal")
     chosen = set(members)
-    nics, nic_reasons = pair_nics(topology, distances, sorted(gpus, key=lambda g: g.index), policy.nics,
-                                  request.nics_per_gpu, state.busy_nics, state.nic_use,
-                                  [view.gpus[p] for p in free if p not in chosen])
+    by_index = sorted(gpus, key=lambda g: g.index)
+    # The other free GPUs matter to exclusive NICs only (what they would want next).
+    others = [view.gpus[p] for p in free if p not in chosen] if policy.nics == "exclusive" else ()
+    nics, nic_reasons = pair_nics(topology, distances, by_index, policy.nics, request.nics_per_gpu,
+                                  state.busy_nics, state.nic_use, others)
     reasons.extend(nic_reasons)
     placements = tuple(Placement(g.index, g.address, g.numa_node, cores.cpus[g.index], cores.cpu_node[g.index],
                                  nics.get(g.index, ()))
-                       for g in sorted(gpus, key=lambda g: g.index))
+                       for g in by_index)
     return Decision(
         gpus=tuple(p.index for p in placements),
         placements=placements,
@@ -529,13 +531,28 @@ def _reference(view: HostView, k: int, eligible: list[int], must: set[int], limi
 
 def packing_phi(view: HostView, busy: set[int], free: list[int]) -> dict[int, float]:
     """Per free GPU: mean share of its groups still free (1.0 = taking it breaks whole groups)."""
-    members, sizes = _group_index(view)
-    free_in = list(sizes)
-    for p in busy:
-        for i in members[p]:
-            free_in[i] -= 1
-    share = [count / size for count, size in zip(free_in, sizes)].__getitem__
-    return {p: sum(map(share, members[p])) / len(members[p]) if members[p] else 1.0 for p in free}
+    phi = _phi_of(view, busy)
+    return {p: phi[p] for p in free}
+
+
+def _phi_of(view: HostView, busy: set[int]) -> list[float]:
+    """phi of every position with `busy` taken, kept per view by the busy set (far fewer
+    of them than free states: the CPUs and NICs leases hold do not change it)."""
+    memo = view.cache.setdefault("phi", {})
+    key = frozenset(busy)
+    phi = memo.get(key)
+    if phi is None:
+        members, sizes = _group_index(view)
+        free_in = list(sizes)
+        for p in busy:
+            for i in members[p]:
+                free_in[i] -= 1
+        share = [count / size for count, size in zip(free_in, sizes)].__getitem__
+        phi = [sum(map(share, groups)) / len(groups) if groups else 1.0 for groups in members]
+        if len(memo) >= SEARCH_MEMO_GPUS // max(view.n, 1):
+            del memo[next(iter(memo))]
+        memo[key] = phi
+    return phi
 
 
 def _group_index(view: HostView) -> tuple[list[tuple[int, ...]], list[int]]:
@@ -577,7 +594,7 @@ def _summary(k: int, cost: float, ref_cost: float, level: str, nodes: int, limit
 def _performance(view: HostView, members: list[int], ref_members: tuple[int, ...], limit: int,
                  reasons: list[str]) -> Performance:
     floors = _floors(view, ref_members, limit)
-    unknown = [g for g in view.unknown_link if g in {view.gpus[p].index for p in members}]
+    unknown = [g for g in view.unknown_link if g in {view.gpus[p].index for p in members}] if view.unknown_link else ()
     if unknown and len(members) > 1:
         reasons.append(f"PCIe link rate of GPU {', '.join(map(str, unknown))} unknown: estimate assumes Gen4 x16")
     pair = weakest(members, view.bandwidth)
@@ -589,8 +606,12 @@ def _performance(view: HostView, members: list[int], ref_members: tuple[int, ...
 
 
 def _ref_rate(view: HostView, ref_members: tuple[int, ...]) -> float:
-    pair = weakest(list(ref_members), view.bandwidth)
-    return view.bandwidth[pair[0]][pair[1]] if pair else 1.0
+    key = ("ref_rate", ref_members)
+    rate = view.cache.get(key)
+    if rate is None:
+        pair = weakest(list(ref_members), view.bandwidth)
+        rate = view.cache[key] = view.bandwidth[pair[0]][pair[1]] if pair else 1.0
+    return rate
 
 
 def _floors(view: HostView, ref_members: tuple[int, ...], limit: int) -> dict[str, float]:

@@ -211,8 +211,11 @@ def pair_nics(topology: Topology, distances: DistanceModel, gpus: Sequence[Gpu],
         out, reasons = _shared(table, gpus, want, use or {}), []
     else:
         out, reasons = _exclusive(table, gpus, want, busy, other_free, strict)
-    far = {gpu: sorted({c.level for c in choices} - NEAR_LEVELS) for gpu, choices in out.items()}
-    far = {gpu: levels for gpu, levels in far.items() if levels}
+    far = {}
+    for gpu, choices in out.items():
+        levels = {c.level for c in choices if c.level not in NEAR_LEVELS}
+        if levels:
+            far[gpu] = sorted(levels)
     if far:
         reasons.append("RDMA NIC not under the PCIe switch of GPU " + ", ".join(
             f"{gpu} ({'/'.join(levels)})" for gpu, levels in sorted(far.items())))
