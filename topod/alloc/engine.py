@@ -127,12 +127,22 @@ def _decide(view: HostView, state: FreeState, request: Request, policy: PolicySe
     scale = packing_scale(tau, view.mean_weight, k) if tau < 1.0 else 0.0
     if scale:
         reasons.append(f"topology weight {tau:.2f} (low priority or short job): fragments preferred")
-    unary = {p: (DELTA_FRAG + scale) * phi[p] for p in free}
     # GPU-NIC distance: a tie-break below every GPU-GPU cost step (topod.alloc.nics)
-    nic_terms = tie_break_terms(topology, distances, [view.gpus[p] for p in free], policy.nics,
-                                request.nics_per_gpu, state.busy_nics)
+    if policy.nics != "exclusive" or not state.busy_nics:  # every NIC usable: per GPU, kept per view
+        key = ("nic_terms", policy.nics, request.nics_per_gpu)
+        terms = view.cache.get(key)
+        if terms is None:
+            terms = view.cache[key] = tie_break_terms(topology, distances, view.gpus, policy.nics,
+                                                      request.nics_per_gpu, state.busy_nics)
+        nic_terms = [terms[p] for p in free]
+    else:
+        nic_terms = tie_break_terms(topology, distances, [view.gpus[p] for p in free], policy.nics,
+                                    request.nics_per_gpu, state.busy_nics)
+    weight = DELTA_FRAG + scale
     if any(nic_terms):
-        unary = {p: unary[p] + term for p, term in zip(free, nic_terms)}
+        unary = {p: weight * phi[p] + term for p, term in zip(free, nic_terms)}
+    else:
+        unary = {p: weight * phi[p] for p in free}
     max_nodes = limit if request.level in ("best", "good") else None
     excluded = set(state.busy_cpus).union(state.reserved_cpus)
     cmap = _core_map(view)
