@@ -156,6 +156,9 @@ def _ties_per_node(problem: Problem, k: int, slack: float, limit: int, budget: i
     crowded: list[float] = []  # the minimum of a node with more than `limit` near-equal sets
     for v in dict.fromkeys(problem.node):
         on = [c for c in range(len(problem.members)) if problem.node[c] == v]
+        if sum(len(problem.members[c]) for c in on) < k or (problem.node_cap is not None
+                                                             and problem.node_cap.get(v, k) < k):
+            continue  # this node cannot hold the set: no sub-search to prove it
         if any(problem.lo[c] for c in range(len(problem.members)) if problem.node[c] != v):
             continue  # a forced GPU lies elsewhere
         sub = Problem(members=[problem.members[c] for c in on], lo=[problem.lo[c] for c in on],
