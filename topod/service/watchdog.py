@@ -175,6 +175,13 @@ def watchdog_interval(environ: Mapping[str, str] | None = None, pid: int | None 
     return usec / 2 / 1_000_000
 
 
+# Without WatchdogSec (no pings asked for), how often stalls are looked for and STATUS=
+# refreshed: as often as the shipped unit's pings (WatchdogSec=30: every 15 s). The
+# daemon's loop deadlines are 30 s or more (60 s by default), so a stall is still named
+# within half its deadline, and an idle daemon is not woken every 5 s (issue 26).
+IDLE_INTERVAL = 15.0
+
+
 class _Notifier(Protocol):
     def watchdog(self) -> bool: ...
     def status(self, text: str) -> bool: ...
@@ -200,7 +207,7 @@ async def run_watchdog(
     interval: float | None,
     *,
     status_text: Callable[[], str] | None = None,
-    idle_interval: float = 5.0,
+    idle_interval: float = IDLE_INTERVAL,
     on_stalled: Callable[[list[tuple[str, float, float]]], None] | None = None,
 ) -> None:
     """Run until cancelled. `interval`: seconds between pings (watchdog_interval()); None
