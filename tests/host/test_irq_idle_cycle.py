@@ -30,10 +30,11 @@ def converged(tmp_path: Path, tmp_path_factory):
 
 def test_a_cycle_with_nothing_changed_reuses_the_plan_and_writes_nothing(converged):
     root, topology, clock, balancer = converged
-    plan = balancer.last.plan
+    plan, pools = balancer.last.plan, balancer._base.pools
     clock.advance(10)
     report = balancer.cycle(topology)
     assert report.plan is plan and report.moves == 0 and not report.events
+    assert balancer._base.pools is pools  # the re-plan baseline's pools taken over, not rebuilt
 
 
 def test_an_irq_moved_behind_topods_back_is_planned_and_moved_back_on_the_next_cycle(converged):

@@ -41,12 +41,20 @@ class Baseline:
     @classmethod
     def build(cls, topology: Topology, settings: IrqSettings, mode: str, may_write: bool, held: bool,
               leased: frozenset[int], irqs: dict[int, IrqInfo], affinity: dict[int, IrqAffinity],
-              load: Load | None, background: Mapping[int, float]) -> Baseline:
-        """affinity becomes the baseline's own (updated by later writes)."""
+              load: Load | None, background: Mapping[int, float], previous: Baseline | None = None) -> Baseline:
+        """affinity becomes the baseline's own (updated by later writes). The pools and
+        their indexes depend only on the topology, settings, leased CPUs and each device's
+        IRQs: when `previous` (the baseline this one replaces, dropped after) had the same,
+        they are taken over rather than computed again (a quiet host's cycle, issue 26)."""
         base = cls(topology, settings, mode, may_write, held, leased, irqs, affinity, load, background)
         for irq, info in irqs.items():
             if info.device is not None:
                 base.device_irqs.setdefault(info.device, []).append(irq)
+        if previous is not None and previous.topology is topology and previous.settings is settings \
+                and previous.leased == leased and previous.device_irqs == base.device_irqs:
+            base.pools, base.by_cpu, base.anywhere, base.by_order = \
+                previous.pools, previous.by_cpu, previous.anywhere, previous.by_order
+            return base
         base.pools = device_pools(topology, base.device_irqs, leased, settings)
         for address, pool in base.pools.items():
             base._index(address, pool)

@@ -29,7 +29,7 @@ from topod.irq.classify import IrqInfo, classify_irqs
 from topod.irq.coexist import IrqbalanceState, ban_guidance, detect_irqbalance
 from topod.irq.failures import Blocked, Failures, Retry, Unsettable
 from topod.irq.planner import Plan, PlanEntry, PlanInput, plan_irqs
-from topod.irq.procfs import IrqAffinity, Load, measure_load, read_snapshot
+from topod.irq.procfs import Interrupts, IrqAffinity, Load, measure_load, read_snapshot
 from topod.irq.report import CycleReport, View, near_device, per_cpu
 from topod.irq.settings import MODES, IrqSettings
 from topod.model import Topology
@@ -58,6 +58,7 @@ class IrqBalancer:
         self._mode: str | None = None  # the mode of the last call
         self._view = View(failures=self.failures.to_json())
         self._last_plan: tuple[Topology, IrqSettings, PlanInput, Plan] | None = None  # _plan's memo
+        self._last_classified: tuple[Topology, list[tuple], dict[int, IrqInfo]] | None = None  # _classify's
 
     @property
     def unsettable(self) -> dict[int, Unsettable]:
@@ -155,7 +156,7 @@ class IrqBalancer:
         load, no_rate = measure_load(self.previous, snapshot)
         self.last_load = load  # for the daemon's per-CPU interrupt-rate metrics
         self.previous = snapshot
-        irqs = classify_irqs(topology, snapshot.interrupts)
+        irqs = self._classify(topology, snapshot.interrupts)
         self._forget_vanished(irqs)
         leased = frozenset(leased_cpus)
         affinity = dict(snapshot.affinity)  # kept current with every write from here on
@@ -196,7 +197,7 @@ class IrqBalancer:
                              tuple(notes), guidance, load is not None,
                              no_rate is not None and "CPU columns" in no_rate, per_cpu(plan.entries))
         self._base = Baseline.build(topology, self.settings, mode, may_write, held, leased, irqs, affinity, load,
-                                    plan.background)
+                                    plan.background, self._base)
         return self._publish(report, full=True)
 
     def replan(self, topology: Topology, leased_cpus: Iterable[int] = ()) -> CycleReport:
@@ -251,6 +252,17 @@ class IrqBalancer:
                            sum(1 for mark in self.failures.unsettable.values() if mark.managed), refused,
                            len(self.failures.retries))
         return report
+
+    def _classify(self, topology: Topology, interrupts: Interrupts) -> dict[int, IrqInfo]:
+        """classify_irqs, or the last cycle's answer when the lines name the same vectors
+        (counts aside: a class depends on the IRQ, chip, hwirq and name, and the topology)."""
+        vectors = [(line.irq, line.chip, line.hwirq, line.name) for line in interrupts.lines.values()]
+        last = self._last_classified
+        if last is not None and last[0] is topology and last[1] == vectors:
+            return last[2]
+        irqs = classify_irqs(topology, interrupts)
+        self._last_classified = (topology, vectors, irqs)
+        return irqs
 
     def _plan(self, topology: Topology, irqs: Mapping[int, IrqInfo], affinity: Mapping[int, IrqAffinity],
               load: Load | None, leased: frozenset[int], now: float,
