@@ -16,6 +16,9 @@ from topod.service.irq_worker import FRAME
 
 REPO = Path(__file__).resolve().parents[2]
 DAEMON_ONLY = ("asyncio", "structlog", "rich", "aiohttp", "sqlite3", "topod.alloc", "topod.api")
+# dataclasses' compile-at-import machinery (inspect and what it loads, ~1.5 MiB): the
+# pipeline's value classes are topod.record records (issue 26)
+NOT_NEEDED = ("dataclasses", "inspect", "ast", "dis", "tokenize", "ssl", "_hashlib", "json", "argparse")
 
 
 def test_the_irq_worker_imports_neither_asyncio_nor_structlog_nor_the_api(host_tree):
@@ -30,3 +33,5 @@ def test_the_irq_worker_imports_neither_asyncio_nor_structlog_nor_the_api(host_t
     assert "topod.irq.cycle" in imported, "the worker built its balancer"
     heavy = sorted(name for name in imported if name.split(".")[0] in DAEMON_ONLY or name.startswith(DAEMON_ONLY))
     assert heavy == [], f"the IRQ worker imported the daemon's modules: {heavy}"
+    extra = sorted(imported & set(NOT_NEEDED))
+    assert extra == [], f"the IRQ worker imported modules it does not need: {extra}"

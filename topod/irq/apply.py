@@ -13,13 +13,13 @@ read back.
 from __future__ import annotations
 
 import errno
-from dataclasses import dataclass
 
 from topod.cpulist import format_cpulist
 from topod.errors import HostWriteError
 from topod.host import HostRoot
 from topod.irq.planner import PlanEntry
 from topod.irq.procfs import read_affinity
+from topod.record import record
 
 MANAGED_ERRNOS = frozenset({errno.EIO, errno.EPERM})  # the kernel will never move this IRQ
 NEXT_CPU_ERRNOS = frozenset({errno.ENOSPC})
@@ -34,7 +34,7 @@ PERMANENT = "permanent"
 TRANSIENT = "transient"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class WriteOutcome:
     irq: int
     status: str

@@ -11,16 +11,16 @@ devices whose pool changed and the spread groups those pools belong to (no I/O).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 
 from topod.irq.classify import IrqInfo
 from topod.irq.planner import DevicePool, device_pools
 from topod.irq.procfs import IrqAffinity, Load
 from topod.irq.settings import IrqSettings
 from topod.model import Topology
+from topod.record import field, record
 
 
-@dataclass(slots=True)
+@record(frozen=False)
 class Baseline:
     topology: Topology
     settings: IrqSettings

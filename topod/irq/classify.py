@@ -9,10 +9,10 @@ MSI chip column, which on recent kernels carries the address (IR-PCI-MSIX-ADDR).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 from topod.irq.procfs import Interrupts, InterruptLine
 from topod.model import PciDevice, Topology
+from topod.record import record
 
 IRQ_CLASSES = ("rdma", "nic", "nvme", "gpu", "other")
 _KIND_CLASS = {"rdma": "rdma", "nic": "nic", "nvme": "nvme", "gpu": "gpu", "nvswitch": "gpu"}
@@ -28,7 +28,7 @@ _ADDR_MISC = re.compile(rf"^(ice|i40e|iavf|ixgbe)-({_PCI_ADDR}):misc$")
 _NETDEV_QUEUE = re.compile(r"^(?:(?:ice|i40e|iavf)-)?(\S+?)-(TxRx|rx|tx|fp)-(\d+)$")
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class IrqInfo:
     irq: int
     name: str | None

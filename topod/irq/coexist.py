@@ -5,13 +5,12 @@ IRQs fight silently; topod never does that: it yields or it tells the operator w
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from topod.cpulist import format_cpulist
 from topod.host import HostRoot
+from topod.record import record
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class IrqbalanceState:
     running: bool
     evidence: tuple[str, ...]  # the files that said so

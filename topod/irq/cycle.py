@@ -19,7 +19,6 @@ from __future__ import annotations
 import errno
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import replace
 
 from topod.cpulist import format_cpulist
 from topod.host import HostRoot
@@ -33,6 +32,7 @@ from topod.irq.procfs import Interrupts, IrqAffinity, Load, measure_load, read_s
 from topod.irq.report import CycleReport, View, near_device, per_cpu
 from topod.irq.settings import MODES, IrqSettings
 from topod.model import Topology
+from topod.record import replace
 
 __all__ = ["MODES", "CycleReport", "IrqBalancer"]
 

@@ -16,12 +16,12 @@ Three kinds of failure survive between cycles:
 from __future__ import annotations
 
 import errno
-from dataclasses import dataclass, field
 
 from topod.irq.apply import MANAGED_ERRNOS, errno_name
+from topod.record import field, record
 
 
-@dataclass(slots=True)
+@record(frozen=False)
 class Unsettable:
     name: str | None
     errno: int
@@ -31,7 +31,7 @@ class Unsettable:
         return self.errno in MANAGED_ERRNOS
 
 
-@dataclass(slots=True)
+@record(frozen=False)
 class Retry:
     name: str | None
     attempts: int
@@ -39,7 +39,7 @@ class Retry:
     errno: int | None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Blocked:
     """/proc/irq refuses every write."""
 

@@ -11,7 +11,6 @@ CPU stays there, so a lease or a restart moves only what it must.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from topod.cpulist import format_cpulist, parse_cpulist
@@ -20,6 +19,7 @@ from topod.irq.refine import Weights, background_load, delivered_cpu, imbalance,
 from topod.model import Cpu, PciDevice, Topology
 
 from topod.irq.settings import ENOSPC_ALTERNATIVES, POLICIES, IrqSettings
+from topod.record import field, record
 
 
 class PlanEntry(NamedTuple):
@@ -52,7 +52,7 @@ def _cpus_json(cpus: tuple[int, ...] | None) -> list[int] | None:
     return None if cpus is None else list(cpus)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Plan:
     entries: tuple[PlanEntry, ...]
     notes: tuple[str, ...] = ()
@@ -71,7 +71,7 @@ class Plan:
         return tuple(e for e in self.entries if e.changes)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class PlanInput:
     """Everything the planner looks at besides the topology and settings."""
 
@@ -87,7 +87,7 @@ class PlanInput:
     background: Mapping[int, float] | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class _Pool:
     order: tuple[int, ...]  # eligible CPUs, physical cores first, then siblings, each in core order
     reason: str

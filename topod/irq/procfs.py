@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import operator
 import re
-from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import compress
 
 from topod.cpulist import parse_cpulist
 from topod.host import HostRoot
+from topod.record import field, record
 
 # A hwirq column: '0-edge', '1048576-edge', '2-fasteoi', or a bare number on some chips.
 _HWIRQ = re.compile(r"^\d+(-[a-z]+)?$")
@@ -25,7 +25,7 @@ _STAT_IRQ, _STAT_SOFTIRQ = 5, 6
 DEVICE_SOFTIRQS = ("NET_TX", "NET_RX", "BLOCK", "IRQ_POLL", "TASKLET")
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class InterruptLine:
     irq: int
     counts: tuple[int, ...]  # one per column of Interrupts.cpus
@@ -34,7 +34,7 @@ class InterruptLine:
     name: str | None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Interrupts:
     cpus: tuple[int, ...]  # the CPU of each count column (online CPUs, header order)
     lines: dict[int, InterruptLine]
@@ -42,7 +42,7 @@ class Interrupts:
     texts: dict[str, InterruptLine] = field(default_factory=dict, compare=False, repr=False)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class IrqAffinity:
     requested: tuple[int, ...] | None  # smp_affinity_list: what was asked for
     effective: tuple[int, ...] | None  # effective_affinity_list: where the kernel delivers
@@ -54,7 +54,7 @@ class IrqAffinity:
         return self.effective or self.requested
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Snapshot:
     """One read of every counter the balancer uses, stamped with a monotonic time."""
 
@@ -66,7 +66,7 @@ class Snapshot:
     warnings: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Load:
     """Rates between two snapshots. weight is the planner's unit: interrupts/s scaled by
     the per-interrupt cost the CPU's irq+softirq time shows (or plain rates without it)."""

@@ -4,14 +4,14 @@ the immutable view other threads read (no I/O)."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
 from topod.irq.coexist import IrqbalanceState
 from topod.irq.planner import Plan, PlanEntry
 from topod.model import Topology
+from topod.record import field, record
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class CycleReport:
     mode: str
     time: float  # wall clock, for the report
@@ -55,7 +55,7 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class View:
     """What other threads read: replaced whole at the end of every call, never mutated."""
 

@@ -6,13 +6,13 @@ spelled: topod/config.py and the balancer import them from here."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
 from topod.cpulist import parse_cpulist
 from topod.errors import ConfigError
 from topod.irq.classify import IRQ_CLASSES
+from topod.record import field, record
 
 MODES = ("continuous", "dry-run", "off")  # write | plan and report only | do nothing
 IRQBALANCE_CHOICES = ("yield", "ban")
@@ -34,7 +34,7 @@ DEFAULTS: Mapping[str, Any] = MappingProxyType({
 })
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class IrqSettings:
     """The [irq] config section, validated. Overrides map an IRQ (number or vector name)
     or a device (PCI address or a name such as mlx5_0, nvme1, ens1f0) to a policy name or

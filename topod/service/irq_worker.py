@@ -21,10 +21,10 @@ import signal
 import struct
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from topod.model import Topology
+from topod.record import field, record
 
 if TYPE_CHECKING:
     import asyncio
@@ -32,12 +32,14 @@ if TYPE_CHECKING:
 # The child imports this module (what it pickles, Outcome, must name it) and the IRQ
 # pipeline, nothing else: asyncio and structlog (which brings rich when installed) are
 # the daemon side's and imported there, inside its functions. That kept ~10 MiB and
-# ~0.3 s of start-up out of the worker (bench/footprint.py).
+# ~0.3 s of start-up out of the worker (bench/footprint.py). Its value classes are
+# topod.record records, not dataclasses: `dataclasses` imports inspect, ast, dis and
+# tokenize (~1.5 MiB), which nothing else in the worker needs.
 FRAME = struct.Struct("!I")
 STOP_SECONDS = 5.0
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Outcome:
     """What one cycle or re-plan tells the daemon."""
 
