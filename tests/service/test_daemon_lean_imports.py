@@ -1,8 +1,9 @@
 """The idle daemon leaves out what it never uses (issue 26): rich (structlog's console
-tracebacks), ssl and hashlib's OpenSSL backend (no TLS is served) are not loaded by the
-daemon started as a user starts it; the metrics endpoint, whose library needs ssl, still
-answers, loading it then. Checked on the daemon's own -X importtime list
-(PYTHONPROFILEIMPORTTIME) and its memory map, not on a copy of its start-up."""
+tracebacks), ssl and hashlib's OpenSSL backend (no TLS is served) and frozenlist's C++
+extension (libstdc++) are not loaded by the daemon started as a user starts it; the
+metrics endpoint, whose library needs ssl, still answers, loading it then. Checked on
+the daemon's own -X importtime list (PYTHONPROFILEIMPORTTIME) and its memory map, not
+on a copy of its start-up."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ def test_the_idle_daemon_loads_neither_rich_nor_ssl_and_metrics_still_answer(dae
     assert "aiohttp.web" in imported and "structlog" in imported, "the daemon's stack loaded"
     assert sorted(imported & set(NOT_IMPORTED)) == []
     assert not _maps(daemon.process.pid, r"/libssl\.so|/libcrypto\.so|/_ssl\.cpython|/_hashlib\.cpython")
+    assert not _maps(daemon.process.pid, r"/libstdc\+\+\.so"), "frozenlist's C++ extension"
     status, text = scrape_metrics(daemon.socket)  # prometheus_client imports ssl: given it now
     assert status == 200 and "topod_" in text, text[-2000:]
     assert _maps(daemon.process.pid, r"/libssl\.so")

@@ -26,6 +26,9 @@ EX_CONFIG = 78
 #   http.client's HTTPSConnection) are then dropped from sys.modules, so that whatever
 #   imports them later (prometheus_client, on the first metrics scrape) gets them whole,
 #   and ssl with them.
+# - frozenlist's C++ extension (aiohttp's app, signal and middleware lists: built at
+#   start, not in a request's path): the pure-Python one it documents
+#   (FROZENLIST_NO_EXTENSIONS) leaves libstdc++ unmapped (~1 MiB PSS).
 # Only in the daemon's own process (a real command line, argv None): tests that call
 # main(argv) in-process keep what they have.
 NOT_LOADED = ("rich",)
@@ -38,11 +41,18 @@ def _import_lean() -> None:
     fresh = [name for name in WITHOUT_TLS_PARTS if name not in sys.modules]
     for name in marked:
         sys.modules[name] = None  # an import of it raises ImportError
+    import os
+
+    pure = "FROZENLIST_NO_EXTENSIONS" not in os.environ
+    if pure:
+        os.environ["FROZENLIST_NO_EXTENSIONS"] = "1"  # read once, when frozenlist loads
     try:
         import asyncio  # noqa: F401
         import topod.service.daemon  # noqa: F401
         import topod.service.server  # noqa: F401 - aiohttp
     finally:
+        if pure:
+            del os.environ["FROZENLIST_NO_EXTENSIONS"]  # not passed on to the IRQ worker
         for name in NOT_LOADED_AT_START:
             if name in marked and sys.modules.get(name, False) is None:
                 del sys.modules[name]
