@@ -17,8 +17,9 @@ from topod.service.irq_worker import FRAME
 REPO = Path(__file__).resolve().parents[2]
 DAEMON_ONLY = ("asyncio", "structlog", "rich", "aiohttp", "sqlite3", "topod.alloc", "topod.api")
 # dataclasses' compile-at-import machinery (inspect and what it loads, ~1.5 MiB): the
-# pipeline's value classes are topod.record records (issue 26)
-NOT_NEEDED = ("dataclasses", "inspect", "ast", "dis", "tokenize", "ssl", "_hashlib", "json", "argparse")
+# pipeline's value classes are topod.record records (issue 26); typing (~0.5 MiB): its
+# named tuples come from collections, its annotations are strings
+NOT_NEEDED = ("dataclasses", "inspect", "ast", "dis", "tokenize", "ssl", "_hashlib", "json", "argparse", "typing")
 
 
 def test_the_irq_worker_imports_neither_asyncio_nor_structlog_nor_the_api(host_tree):

@@ -10,8 +10,8 @@ CPU stays there, so a lease or a restart moves only what it must.
 
 from __future__ import annotations
 
+from collections import namedtuple
 from collections.abc import Iterable, Mapping
-from typing import NamedTuple
 
 from topod.cpulist import format_cpulist, parse_cpulist
 from topod.irq.classify import IrqInfo
@@ -22,21 +22,27 @@ from topod.irq.settings import ENOSPC_ALTERNATIVES, POLICIES, IrqSettings
 from topod.record import field, record
 
 
-class PlanEntry(NamedTuple):
-    """One IRQ's plan. A NamedTuple rather than a frozen dataclass: the planner makes one
-    per IRQ (4,096 on a big host) and a frozen dataclass costs ~5x more to build."""
+_PLAN_ENTRY_FIELDS = (
+    "irq",  # int
+    "name",  # str | None
+    "device",  # str | None: its PCI address
+    "irq_class",  # str
+    "policy",  # str
+    "current",  # tuple[int, ...] | None: smp_affinity_list now
+    "planned",  # tuple[int, ...] | None: None, leave as it is
+    "managed",  # bool
+    "reason",  # str
+    "alternatives",  # tuple[int, ...]: CPUs to try in turn when the kernel answers ENOSPC
+    "effective",  # tuple[int, ...] | None
+)
 
-    irq: int
-    name: str | None
-    device: str | None
-    irq_class: str
-    policy: str
-    current: tuple[int, ...] | None  # smp_affinity_list now
-    planned: tuple[int, ...] | None  # None: leave as it is
-    managed: bool
-    reason: str
-    alternatives: tuple[int, ...] = ()  # CPUs to try in turn when the kernel answers ENOSPC
-    effective: tuple[int, ...] | None = None
+
+class PlanEntry(namedtuple("PlanEntry", _PLAN_ENTRY_FIELDS, defaults=((), None))):
+    """One IRQ's plan. A named tuple rather than a frozen dataclass: the planner makes one
+    per IRQ (4,096 on a big host) and a frozen dataclass costs ~5x more to build; from
+    collections, not typing.NamedTuple, so the IRQ worker never imports typing (~0.5 MiB)."""
+
+    __slots__ = ()
 
     @property
     def changes(self) -> bool:
@@ -149,9 +155,11 @@ def plan_irqs(topology: Topology, inputs: PlanInput, settings: IrqSettings) -> P
     return Plan(tuple(entries), tuple(notes), before, after, background)
 
 
-class DevicePool(NamedTuple):
-    order: tuple[int, ...] | None  # the CPUs its IRQs may take, in spreading order; None: none
-    watch: frozenset[int] | None  # the CPUs whose leasing can change order; None: any CPU
+class DevicePool(namedtuple("DevicePool", ("order", "watch"))):
+    """order: the CPUs its IRQs may take, in spreading order (None: none); watch: the CPUs
+    whose leasing can change order (None: any CPU)."""
+
+    __slots__ = ()
 
 
 def device_pools(topology: Topology, addresses: Iterable[str], leased: frozenset[int],

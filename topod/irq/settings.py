@@ -7,12 +7,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Any
 
 from topod.cpulist import parse_cpulist
 from topod.errors import ConfigError
 from topod.irq.classify import IRQ_CLASSES
 from topod.record import field, record
+
+TYPE_CHECKING = False  # typing stays out of the IRQ worker: annotations are strings here
+if TYPE_CHECKING:
+    from typing import Any
 
 MODES = ("continuous", "dry-run", "off")  # write | plan and report only | do nothing
 IRQBALANCE_CHOICES = ("yield", "ban")

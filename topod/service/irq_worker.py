@@ -21,13 +21,14 @@ import signal
 import struct
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, BinaryIO
 
 from topod.model import Topology
 from topod.record import field, record
 
+TYPE_CHECKING = False  # typing stays out of the worker (~0.5 MiB): annotations are strings here
 if TYPE_CHECKING:
     import asyncio
+    from typing import Any, BinaryIO
 
 # The child imports this module (what it pickles, Outcome, must name it) and the IRQ
 # pipeline, nothing else: asyncio and structlog (which brings rich when installed) are
