@@ -115,7 +115,8 @@ def _decide(view: HostView, state: FreeState, request: Request, policy: PolicySe
     if k > len(eligible):
         raise InsufficientGpusError(f"{k} GPUs requested; this host has {len(eligible)} matching GPUs",
                                     retryable=False)
-    busy = {view.position[g] for g in state.busy_gpus if g in view.position}
+    busy = set(map(view.position.get, state.busy_gpus))  # None for a GPU not on this host
+    busy.discard(None)
     for p in sorted(must & busy):
         raise InsufficientGpusError(f"must_include GPU {view.gpus[p].index} is leased")
     free = [p for p in eligible if p not in busy]
@@ -123,7 +124,7 @@ def _decide(view: HostView, state: FreeState, request: Request, policy: PolicySe
         raise InsufficientGpusError(f"{k} GPUs requested; {len(free)} of the {len(eligible)} matching GPUs are free")
     limit = good_node_limit(view, k, eligible, must)
     ref_cost, ref_members = _reference(view, k, eligible, must, limit, policy.search_budget)
-    phi = packing_phi(view, busy, free)
+    phi = _phi_of(view, busy)  # per position (a list: no dict of the free GPUs built)
     scale = packing_scale(tau, view.mean_weight, k) if tau < 1.0 else 0.0
     if scale:
         reasons.append(f"topology weight {tau:.2f} (low priority or short job): fragments preferred")
@@ -134,7 +135,9 @@ def _decide(view: HostView, state: FreeState, request: Request, policy: PolicySe
         if terms is None:
             terms = view.cache[key] = tie_break_terms(topology, distances, view.gpus, policy.nics,
                                                       request.nics_per_gpu, state.busy_nics)
-        nic_terms = [terms[p] for p in free]
+            if not any(terms):
+                terms = view.cache[key] = ()  # no NIC term anywhere: nothing to add per GPU
+        nic_terms = [terms[p] for p in free] if terms else ()
     else:
         nic_terms = tie_break_terms(topology, distances, [view.gpus[p] for p in free], policy.nics,
                                     request.nics_per_gpu, state.busy_nics)
@@ -227,7 +230,7 @@ def prepare(topology: Topology, distances: DistanceModel, state: FreeState | Non
         return view
     state = state or FreeState()
     best_set_census(view)
-    _group_index(view)
+    _group_kinds(view)
     cmap = _core_map(view)
     share = _auto_share(view, cmap, state)
     if share:
@@ -552,13 +555,17 @@ def _phi_of(view: HostView, busy: set[int]) -> list[float]:
     key = frozenset(busy)
     phi = memo.get(key)
     if phi is None:
-        members, sizes = _group_index(view)
-        free_in = list(sizes)
+        _, sizes = _group_index(view)
+        kinds, kind_of, masks = _group_kinds(view)
+        # Busy GPUs per group: the busy positions as bits, each group's counted by bit_count.
+        taken = 0
         for p in busy:
-            for i in members[p]:
-                free_in[i] -= 1
-        share = [count / size for count, size in zip(free_in, sizes)].__getitem__
-        phi = [sum(map(share, groups)) / len(groups) if groups else 1.0 for groups in members]
+            taken |= 1 << p
+        share = [(size - (taken & mask).bit_count()) / size for mask, size in zip(masks, sizes)].__getitem__
+        # GPUs with the same groups (a switch's) have the same phi: each computed once,
+        # by the same expression in the same order, so the floats are those per GPU.
+        per_kind = [sum(map(share, groups)) / len(groups) if groups else 1.0 for groups in kinds]
+        phi = list(map(per_kind.__getitem__, kind_of))
         if len(memo) >= SEARCH_MEMO_GPUS // max(view.n, 1):
             del memo[next(iter(memo))]
         memo[key] = phi
@@ -573,6 +580,23 @@ def _group_index(view: HostView) -> tuple[list[tuple[int, ...]], list[int]]:
         number = {key: i for i, key in enumerate(view.group_size)}
         members = [tuple(number[key] for key in keys) for keys in view.groups]
         cached = view.cache["group_index"] = (members, list(view.group_size.values()))
+    return cached
+
+
+def _group_kinds(view: HostView) -> tuple[list[tuple[int, ...]], list[int], list[int]]:
+    """The distinct group-number tuples of the view's positions, per position its tuple's
+    number there (phi is a function of that tuple and the busy counts alone), and per
+    group its positions as a bit mask."""
+    cached = view.cache.get("group_kinds")
+    if cached is None:
+        members, sizes = _group_index(view)
+        number: dict[tuple[int, ...], int] = {}
+        kind_of = [number.setdefault(groups, len(number)) for groups in members]
+        masks = [0] * len(sizes)
+        for p, groups in enumerate(members):
+            for i in groups:
+                masks[i] |= 1 << p
+        cached = view.cache["group_kinds"] = (list(number), kind_of, masks)
     return cached
 
 
