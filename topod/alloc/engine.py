@@ -72,6 +72,9 @@ DEFAULT_POLICY = PolicySettings()
 # under 1 MiB on 8 GPUs and about 2 MiB on 64 after bench/alloc.py's stream.
 SEARCH_MEMO_GPUS = 16_384
 DECISION_MEMO_GPUS = 2_048
+# phi values kept per GPU kind (see _phi_of): 1,024 at most, ~0.1 MiB per kind (256 on a
+# kind whose groups span 8 GPUs, all its busy patterns).
+KIND_MEMO = 1_024
 
 
 def allocate(topology: Topology, distances: DistanceModel, state: FreeState, request: Request,
@@ -550,25 +553,34 @@ def packing_phi(view: HostView, busy: set[int], free: list[int]) -> dict[int, fl
 
 def _phi_of(view: HostView, busy: set[int]) -> list[float]:
     """phi of every position with `busy` taken, kept per view by the busy set (far fewer
-    of them than free states: the CPUs and NICs leases hold do not change it)."""
+    of them than free states: the CPUs and NICs leases hold do not change it).
+
+    GPUs with the same groups (a switch's) have the same phi, a function of the busy GPUs
+    within those groups alone: per such kind it is kept by those busy GPUs (as bits), so
+    a new busy set recomputes only the kinds whose groups it changed. Each value is the
+    per-GPU formula's expression in its order: the same floats."""
+    taken = 0
+    for p in busy:
+        taken |= 1 << p
     memo = view.cache.setdefault("phi", {})
-    key = frozenset(busy)
-    phi = memo.get(key)
+    phi = memo.get(taken)
     if phi is None:
         _, sizes = _group_index(view)
-        kinds, kind_of, masks = _group_kinds(view)
-        # Busy GPUs per group: the busy positions as bits, each group's counted by bit_count.
-        taken = 0
-        for p in busy:
-            taken |= 1 << p
-        share = [(size - (taken & mask).bit_count()) / size for mask, size in zip(masks, sizes)].__getitem__
-        # GPUs with the same groups (a switch's) have the same phi: each computed once,
-        # by the same expression in the same order, so the floats are those per GPU.
-        per_kind = [sum(map(share, groups)) / len(groups) if groups else 1.0 for groups in kinds]
+        kinds, kind_of, masks, spans, known_of = _group_kinds(view)
+        per_kind = []
+        for groups, span, known in zip(kinds, spans, known_of):
+            key = taken & span
+            value = known.get(key)
+            if value is None:
+                if len(known) >= KIND_MEMO:
+                    known.clear()
+                value = known[key] = (sum([(sizes[i] - (taken & masks[i]).bit_count()) / sizes[i] for i in groups])
+                                      / len(groups) if groups else 1.0)
+            per_kind.append(value)
         phi = list(map(per_kind.__getitem__, kind_of))
         if len(memo) >= SEARCH_MEMO_GPUS // max(view.n, 1):
             del memo[next(iter(memo))]
-        memo[key] = phi
+        memo[taken] = phi
     return phi
 
 
@@ -583,10 +595,10 @@ def _group_index(view: HostView) -> tuple[list[tuple[int, ...]], list[int]]:
     return cached
 
 
-def _group_kinds(view: HostView) -> tuple[list[tuple[int, ...]], list[int], list[int]]:
-    """The distinct group-number tuples of the view's positions, per position its tuple's
-    number there (phi is a function of that tuple and the busy counts alone), and per
-    group its positions as a bit mask."""
+def _group_kinds(view: HostView) -> tuple[list[tuple[int, ...]], list[int], list[int], list[int], list[dict]]:
+    """The distinct group-number tuples of the view's positions (kinds), per position its
+    kind, per group its positions as a bit mask, per kind the positions of all its groups
+    as one mask, and per kind its phi memo (busy bits within that mask -> phi)."""
     cached = view.cache.get("group_kinds")
     if cached is None:
         members, sizes = _group_index(view)
@@ -596,7 +608,14 @@ def _group_kinds(view: HostView) -> tuple[list[tuple[int, ...]], list[int], list
         for p, groups in enumerate(members):
             for i in groups:
                 masks[i] |= 1 << p
-        cached = view.cache["group_kinds"] = (list(number), kind_of, masks)
+        kinds = list(number)
+        spans = []
+        for groups in kinds:
+            span = 0
+            for i in groups:
+                span |= masks[i]
+            spans.append(span)
+        cached = view.cache["group_kinds"] = (kinds, kind_of, masks, spans, [{} for _ in kinds])
     return cached
 
 
