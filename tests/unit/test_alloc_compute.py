@@ -8,8 +8,12 @@ import random
 
 import pytest
 
-from topod.alloc.engine import _group_index, _group_kinds, _phi_of
+from topod.alloc import engine
+from topod.alloc.engine import DEFAULT_POLICY, _cheapest_one, _group_index, _group_kinds, _phi_of
+from topod.alloc.errors import AllocationError
 from topod.alloc.hostview import host_view
+from topod.alloc.request import FreeState, Request
+from topod.alloc.search import solve_one
 
 
 def _phi_per_gpu(view, busy: set[int]) -> list[float]:
@@ -36,3 +40,61 @@ def test_phi_equals_the_per_gpu_formula_on_random_busy_sets(host, name):
             for known in _group_kinds(view)[4]:
                 known.clear()  # every kind's phi computed now too (else some are the memo's)
         assert _phi_of(view, busy) == _phi_per_gpu(view, busy)
+
+
+@pytest.mark.parametrize("name", ["pcie-8gpu", "pcie-16gpu", "nvs-16gpu", "pcie-64gpu", "nvs-64gpu"])
+def test_cheapest_one_picks_what_solve_one_picks(host, name):
+    """The 1-GPU shortcut against the general one-GPU solver on the per-GPU terms, on
+    random busy sets, packing weights (some ties after rounding) and node caps."""
+    topology, distances = host(name)
+    view = host_view(topology, distances)
+    rng = random.Random(261)
+    nodes = sorted(set(view.node))
+    for _ in range(300):
+        busy = set(rng.sample(range(view.n), rng.randrange(view.n + 1)))
+        free = [p for p in range(view.n) if p not in busy]
+        weight = rng.choice((1e-7, 1e-7 + rng.random(), 3.0, 1e-300))
+        node_cap = rng.choice((None, {v: rng.choice((0, 0, 1, 2)) for v in nodes},
+                               {v: 1 for v in rng.sample(nodes, len(nodes) // 2)}))  # absent: room
+        phi = _phi_of(view, busy)
+        expected = solve_one(free, {p: weight * phi[p] for p in free}, view.node, node_cap)
+        assert _cheapest_one(view, busy, weight, node_cap) == expected
+
+
+def test_one_gpu_decisions_on_64_gpus_equal_the_general_search(host):
+    """Whole decisions: the 1-GPU shortcut against the same decision with the shortcut
+    off (the general search), on random free states of the 64-GPU host."""
+    topology, distances = host("pcie-64gpu")
+    view = host_view(topology, distances)
+    rng = random.Random(2626)
+    for _ in range(150):
+        state = FreeState(busy_gpus=frozenset(rng.sample([g.index for g in topology.gpus], rng.randrange(64))),
+                          busy_cpus=frozenset(rng.sample(range(128), rng.randrange(0, 100))))
+        request = Request(gpus=1, level=rng.choice(("any", "good")), cpus_per_gpu=rng.choice((0, "auto", 2, 8)),
+                          priority=rng.choice((0, -1)))
+        tau = rng.choice((1.0, 0.25))
+        quick = _outcome(lambda: engine._decide(view, state, request, DEFAULT_POLICY, tau))
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(engine, "_cheapest_one", _general_one)
+            general = _outcome(lambda: engine._decide(view, state, request, DEFAULT_POLICY, tau))
+        assert quick == general
+        assert calls  # the shortcut was taken (else this compares the general path with itself)
+        calls.clear()
+
+
+calls: list[int] = []
+
+
+def _general_one(view, busy, weight, node_cap):
+    """What the engine's search does for one GPU, given the per-GPU terms."""
+    calls.append(1)
+    free = [p for p in range(view.n) if p not in busy]
+    unary = engine._unary(view, busy, free, weight, ())
+    return engine._search(view, free, set(), unary, node_cap, None, 1, DEFAULT_POLICY.search_budget, busy)
+
+
+def _outcome(decide):
+    try:
+        return decide()
+    except AllocationError as error:
+        return type(error).__name__, str(error)

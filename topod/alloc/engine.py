@@ -127,7 +127,6 @@ def _decide(view: HostView, state: FreeState, request: Request, policy: PolicySe
         raise InsufficientGpusError(f"{k} GPUs requested; {len(free)} of the {len(eligible)} matching GPUs are free")
     limit = good_node_limit(view, k, eligible, must)
     ref_cost, ref_members = _reference(view, k, eligible, must, limit, policy.search_budget)
-    phi = _phi_of(view, busy)  # per position (a list: no dict of the free GPUs built)
     scale = packing_scale(tau, view.mean_weight, k) if tau < 1.0 else 0.0
     if scale:
         reasons.append(f"topology weight {tau:.2f} (low priority or short job): fragments preferred")
@@ -145,10 +144,12 @@ def _decide(view: HostView, state: FreeState, request: Request, policy: PolicySe
         nic_terms = tie_break_terms(topology, distances, [view.gpus[p] for p in free], policy.nics,
                                     request.nics_per_gpu, state.busy_nics)
     weight = DELTA_FRAG + scale
-    if any(nic_terms):
-        unary = {p: weight * phi[p] + term for p, term in zip(free, nic_terms)}
-    else:
-        unary = {p: weight * phi[p] for p in free}
+    # One GPU, nothing forced or filtered, no per-GPU NIC term, no back-pressure and no
+    # look-ahead census: the cheapest free GPU by phi alone (_cheapest_one), no per-GPU
+    # terms built. Else (or when it finds none) the general search, with them.
+    one = (k == 1 and not must and eligible is view.everyone and not any(nic_terms) and not state.node_load
+           and not best_set_census(view))
+    unary = None if one else _unary(view, busy, free, weight, nic_terms)
     max_nodes = limit if request.level in ("best", "good") else None
     excluded = set(state.busy_cpus).union(state.reserved_cpus)
     cmap = _core_map(view)
@@ -163,8 +164,11 @@ def _decide(view: HostView, state: FreeState, request: Request, policy: PolicySe
     elif wants_cpus(per_gpu):
         capacity = node_capacity(topology, excluded, per_gpu, cmap, now)
         node_cap = {v: capacity.get(v, 0) for v in set(view.node)}
-    result = _search(view, free, must, unary, node_cap, max_nodes, k, policy.search_budget, busy)
+    result = (_cheapest_one(view, busy, weight, node_cap) if one else
+              _search(view, free, must, unary, node_cap, max_nodes, k, policy.search_budget, busy))
     if result is None:
+        if unary is None:
+            unary = _unary(view, busy, free, weight, nic_terms)
         result = _without_cpu_limit(view, free, must, unary, node_cap, max_nodes, k, policy, request, limit, busy)
     result = _backpressure(view, free, must, unary, node_cap if node_cap and result_fits(view, result, node_cap)
                            else None, max_nodes, k, policy, state, result, reasons, busy)
@@ -258,6 +262,58 @@ def prepare(topology: Topology, distances: DistanceModel, state: FreeState | Non
         except AllocationError:
             pass  # not grantable in this state: the references above still stand
     return view
+
+
+def _unary(view: HostView, busy: set[int], free: list[int], weight: float, nic_terms) -> dict[int, float]:
+    """Per free GPU its per-GPU objective term: packing phi weighted, plus its NIC term."""
+    phi = _phi_of(view, busy)  # per position (a list: no dict of the free GPUs built)
+    if any(nic_terms):
+        return {p: weight * phi[p] + term for p, term in zip(free, nic_terms)}
+    return {p: weight * phi[p] for p in free}
+
+
+def _cheapest_one(view: HostView, busy: set[int], weight: float,
+                  node_cap: dict[int, int] | None) -> SearchResult | None:
+    """search.solve_one over every free GPU with the terms weight x phi, without the
+    terms per GPU: GPUs of one kind (same groups) share phi, so per kind only its lowest
+    free GPU on a node with room can win; of those the least weight x phi (the same
+    floats solve_one compares), the lowest position on a tie, as solve_one picks."""
+    taken = _bits(view, busy)
+    per_kind = _kind_phi(view, taken)
+    kind_masks, node_masks = _kind_positions(view)
+    closed = taken
+    if node_cap is not None:
+        for v, mask in node_masks.items():
+            if node_cap.get(v, 1) < 1:
+                closed |= mask
+    open_ = ~closed
+    best, pick = float("inf"), -1
+    for value, mask in zip(per_kind, kind_masks):
+        u = weight * value
+        if u <= best:
+            room = mask & open_
+            if room:
+                p = (room & -room).bit_length() - 1  # the kind's lowest open position
+                if u < best or p < pick:
+                    best, pick = u, p
+    if pick < 0:
+        return None
+    return SearchResult((pick,), best, True, 1)
+
+
+def _kind_positions(view: HostView) -> tuple[list[int], dict]:
+    """Per GPU kind (_group_kinds) its positions, and per NUMA node its positions, as bit
+    masks; kept per view."""
+    cached = view.cache.get("kind_positions")
+    if cached is None:
+        kinds, kind_of = _group_kinds(view)[:2]
+        kind_masks = [0] * len(kinds)
+        node_masks: dict = {}
+        for p, kind in enumerate(kind_of):
+            kind_masks[kind] |= 1 << p
+            node_masks[view.node[p]] = node_masks.get(view.node[p], 0) | 1 << p
+        cached = view.cache["kind_positions"] = (kind_masks, node_masks)
+    return cached
 
 
 def result_fits(view: HostView, result: SearchResult, node_cap: dict[int, int]) -> bool:
@@ -559,29 +615,40 @@ def _phi_of(view: HostView, busy: set[int]) -> list[float]:
     within those groups alone: per such kind it is kept by those busy GPUs (as bits), so
     a new busy set recomputes only the kinds whose groups it changed. Each value is the
     per-GPU formula's expression in its order: the same floats."""
-    taken = 0
-    for p in busy:
-        taken |= 1 << p
+    taken = _bits(view, busy)
     memo = view.cache.setdefault("phi", {})
     phi = memo.get(taken)
     if phi is None:
-        _, sizes = _group_index(view)
-        kinds, kind_of, masks, spans, known_of = _group_kinds(view)
-        per_kind = []
-        for groups, span, known in zip(kinds, spans, known_of):
-            key = taken & span
-            value = known.get(key)
-            if value is None:
-                if len(known) >= KIND_MEMO:
-                    known.clear()
-                value = known[key] = (sum([(sizes[i] - (taken & masks[i]).bit_count()) / sizes[i] for i in groups])
-                                      / len(groups) if groups else 1.0)
-            per_kind.append(value)
-        phi = list(map(per_kind.__getitem__, kind_of))
+        phi = list(map(_kind_phi(view, taken).__getitem__, _group_kinds(view)[1]))
         if len(memo) >= SEARCH_MEMO_GPUS // max(view.n, 1):
             del memo[next(iter(memo))]
         memo[taken] = phi
     return phi
+
+
+def _bits(view: HostView, busy: set[int]) -> int:
+    """The busy positions as one int's bits (distinct powers of two: their sum is their OR)."""
+    bit = view.cache.get("bits")
+    if bit is None:
+        bit = view.cache["bits"] = [1 << p for p in range(view.n)]
+    return sum(map(bit.__getitem__, busy))
+
+
+def _kind_phi(view: HostView, taken: int) -> list[float]:
+    """phi per GPU kind (see _phi_of) with the positions in `taken` busy."""
+    _, sizes = _group_index(view)
+    kinds, _, masks, spans, known_of = _group_kinds(view)
+    per_kind = []
+    for groups, span, known in zip(kinds, spans, known_of):
+        key = taken & span
+        value = known.get(key)
+        if value is None:
+            if len(known) >= KIND_MEMO:
+                known.clear()
+            value = known[key] = (sum([(sizes[i] - (taken & masks[i]).bit_count()) / sizes[i] for i in groups])
+                                  / len(groups) if groups else 1.0)
+        per_kind.append(value)
+    return per_kind
 
 
 def _group_index(view: HostView) -> tuple[list[tuple[int, ...]], list[int]]:
