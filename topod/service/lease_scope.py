@@ -77,16 +77,17 @@ class LeaseScopes:
 
     # -- placing a process ---------------------------------------------------------------
     async def place(self, lease_id: str, body: Any, caller: Any) -> dict:
-        from topod.service.leases import LeaseNotFoundError, PermissionDeniedError, _descends_from, _process_exists
+        from topod.service.leases import LeaseNotFoundError, PermissionDeniedError
+        from topod.service.owner import descends_from, process_exists
 
         pid = pid_of_body(body, self.alloc.limits.pid_max)
         lease = self.alloc.owned("scope", lease_id, caller)
         if pid in (1, os.getpid()):
             raise PermissionDeniedError(f"pid {pid} is {'init' if pid == 1 else 'topod itself'}: "
                                         "never in a lease's scope")
-        if not _process_exists(pid):
+        if not process_exists(pid):
             raise InvalidRequestError("pid", f"no process {pid}")
-        if not caller.is_admin and not _descends_from(pid, caller.pid):
+        if not caller.is_admin and not descends_from(pid, caller.pid):
             raise PermissionDeniedError(f"pid {pid} is neither the calling process ({caller.pid}) nor one of its "
                                         "descendants; only root may place another process")
         spec = ScopeSpec(lease_id=lease.id, pid=pid, cpus=lease.cpus, memory_nodes=lease.memory_nodes,

@@ -31,7 +31,7 @@ from topod.errors import AllocationError, TopodError
 from topod.events import EventBus
 from topod.service.lease import Lease
 from topod.service.lease_store import LeaseStore
-from topod.service.owner import OwnerWatch, process_start_time
+from topod.service.owner import OwnerWatch, descends_from, process_exists, process_start_time
 from topod.service.state import HostState
 
 log = structlog.get_logger("topod")
@@ -297,7 +297,7 @@ class LeaseService:
             if pid in (1, os.getpid()):
                 raise PermissionDeniedError(f"owner_pid {pid} never exits ({'init' if pid == 1 else 'topod itself'}): "
                                             "the lease would never end; give the job's own pid, or a ttl")
-            if not caller.is_admin and not _descends_from(pid, caller.pid):
+            if not caller.is_admin and not descends_from(pid, caller.pid):
                 raise PermissionDeniedError(f"owner_pid {pid} is neither the calling process ({caller.pid}) nor one "
                                             "of its descendants; only root may name another process")
         ceiling = int(self.settings.get("max_priority_non_root", 0))
@@ -335,7 +335,7 @@ class LeaseService:
             service, request = self.parse(body)
         except TopodError as exc:
             raise self._refuse("invalid", exc, caller) from None
-        if service.owner_pid and not _process_exists(service.owner_pid):
+        if service.owner_pid and not process_exists(service.owner_pid):
             raise self._refuse("invalid", InvalidRequestError("owner_pid", f"no process {service.owner_pid}"), caller)
         try:
             self._authorize(service, request, caller)
@@ -695,35 +695,8 @@ def _withdraw(waiter: Waiter) -> tuple[Lease, asyncio.Future | None] | None:
     return future.result()
 
 
-def _descends_from(pid: int, ancestor: int | None) -> bool:
-    """Whether process `pid` is `ancestor` or one of its descendants (walking parents)."""
-    if not ancestor:
-        return False
-    import psutil
-
-    seen = 0
-    while pid and seen < 4096:
-        if pid == ancestor:
-            return True
-        try:
-            pid = psutil.Process(pid).ppid()
-        except (psutil.Error, OSError, ValueError, OverflowError):
-            return False
-        seen += 1
-    return False
-
-
-def _process_exists(pid: int) -> bool:
-    import psutil
-
-    try:
-        return psutil.pid_exists(pid)
-    except (OverflowError, ValueError):
-        return False
-
-
 def _owner_alive(lease: Lease) -> bool:
-    if not _process_exists(lease.owner_pid):
+    if not process_exists(lease.owner_pid):
         return False
     recorded = lease.owner_start_time
     current = process_start_time(lease.owner_pid)

@@ -18,6 +18,33 @@ import structlog
 log = structlog.get_logger("topod")
 
 
+def descends_from(pid: int, ancestor: int | None) -> bool:
+    """Whether process `pid` is `ancestor` or one of its descendants (walking parents)."""
+    if not ancestor:
+        return False
+    import psutil
+
+    seen = 0
+    while pid and seen < 4096:
+        if pid == ancestor:
+            return True
+        try:
+            pid = psutil.Process(pid).ppid()
+        except (psutil.Error, OSError, ValueError, OverflowError):
+            return False
+        seen += 1
+    return False
+
+
+def process_exists(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.pid_exists(pid)
+    except (OverflowError, ValueError):
+        return False
+
+
 def process_start_time(pid: int | None) -> float | None:
     if not pid:
         return None
