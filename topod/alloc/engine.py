@@ -57,7 +57,7 @@ from topod.alloc.errors import (AllocationError, InsufficientCpusError, Insuffic
 from topod.alloc.estimate import weakest
 from topod.alloc.hostview import DELTA_NODE, Census, HostView, best_set_census, fresh_view, host_view
 from topod.alloc.nics import pair_nics, tie_break_terms
-from topod.alloc.policy import PolicySettings, backpressure_penalty, packing_scale, topology_weight
+from topod.alloc.policy import PolicySettings, backpressure_penalty, overload, packing_scale, topology_weight
 from topod.alloc.request import Decision, FreeState, Performance, Placement, Request
 from topod.alloc.search import SearchResult, build_problem, one_ties, solve, solve_one, solve_ties
 from topod.distance import DistanceModel
@@ -147,7 +147,7 @@ def _decide(view: HostView, state: FreeState, request: Request, policy: PolicySe
     # One GPU, nothing forced or filtered, no per-GPU NIC term, no back-pressure and no
     # look-ahead census: the cheapest free GPU by phi alone (_cheapest_one), no per-GPU
     # terms built. Else (or when it finds none) the general search, with them.
-    one = (k == 1 and not must and eligible is view.everyone and not any(nic_terms) and not state.node_load
+    one = (k == 1 and not must and eligible is view.everyone and not any(nic_terms) and _calm(state, policy)
            and not best_set_census(view))
     unary = None if one else _unary(view, busy, free, weight, nic_terms)
     max_nodes = limit if request.level in ("best", "good") else None
@@ -270,6 +270,15 @@ def _unary(view: HostView, busy: set[int], free: list[int], weight: float, nic_t
     if any(nic_terms):
         return {p: weight * phi[p] + term for p, term in zip(free, nic_terms)}
     return {p: weight * phi[p] for p in free}
+
+
+def _calm(state: FreeState, policy: PolicySettings) -> bool:
+    """No node loaded past the back-pressure threshold (or no back-pressure): whatever
+    set is found, _backpressure keeps it (its penalty is empty)."""
+    if not state.node_load or policy.backpressure_tolerance <= 0:
+        return True
+    threshold = policy.backpressure_threshold
+    return not any(overload(load, threshold) for load in state.node_load.values())
 
 
 def _cheapest_one(view: HostView, busy: set[int], weight: float,
