@@ -12,6 +12,7 @@ from topod.alloc import engine
 from topod.alloc.engine import DEFAULT_POLICY, _cheapest_one, _group_index, _group_kinds, _phi_of
 from topod.alloc.errors import AllocationError
 from topod.alloc.hostview import host_view
+from topod.alloc.policy import PolicySettings, backpressure_penalty
 from topod.alloc.request import FreeState, Request
 from topod.alloc.search import solve_one
 
@@ -102,3 +103,16 @@ def _outcome(decide):
         return decide()
     except AllocationError as error:
         return type(error).__name__, str(error)
+
+
+def test_calm_exactly_when_back_pressure_has_no_penalty():
+    """_calm lets the engine skip back-pressure: it must hold exactly when the penalty
+    is empty, on random loads (edges included: at the threshold, outside [0, 1], NaN)."""
+    rng = random.Random(2627)
+    for _ in range(2000):
+        policy = rng.choice((DEFAULT_POLICY, PolicySettings(backpressure_threshold=rng.choice((0.0, 0.5, 1.0, 1.5))),
+                             PolicySettings(backpressure_tolerance=0.0)))
+        values = (0.0, 0.69, 0.7, 0.71, 1.0, 1.2, -0.3, float("nan"), policy.backpressure_threshold)
+        load = {v: rng.choice(values) if rng.random() < 0.5 else rng.random() for v in range(rng.randrange(5))}
+        state = FreeState(node_load=load)
+        assert engine._calm(state, policy) == (not backpressure_penalty(load, 1.0, 1.0, 1, policy)), load

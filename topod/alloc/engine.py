@@ -147,8 +147,8 @@ def _decide(view: HostView, state: FreeState, request: Request, policy: PolicySe
     # One GPU, nothing forced or filtered, no per-GPU NIC term, no back-pressure and no
     # look-ahead census: the cheapest free GPU by phi alone (_cheapest_one), no per-GPU
     # terms built. Else (or when it finds none) the general search, with them.
-    one = (k == 1 and not must and eligible is view.everyone and not any(nic_terms) and _calm(state, policy)
-           and not best_set_census(view))
+    calm = _calm(state, policy)
+    one = k == 1 and not must and eligible is view.everyone and not any(nic_terms) and calm and not best_set_census(view)
     unary = None if one else _unary(view, busy, free, weight, nic_terms)
     max_nodes = limit if request.level in ("best", "good") else None
     excluded = set(state.busy_cpus).union(state.reserved_cpus)
@@ -170,8 +170,9 @@ def _decide(view: HostView, state: FreeState, request: Request, policy: PolicySe
         if unary is None:
             unary = _unary(view, busy, free, weight, nic_terms)
         result = _without_cpu_limit(view, free, must, unary, node_cap, max_nodes, k, policy, request, limit, busy)
-    result = _backpressure(view, free, must, unary, node_cap if node_cap and result_fits(view, result, node_cap)
-                           else None, max_nodes, k, policy, state, result, reasons, busy)
+    if not calm:
+        result = _backpressure(view, free, must, unary, node_cap if node_cap and result_fits(view, result, node_cap)
+                               else None, max_nodes, k, policy, state, result, reasons, busy)
     members = list(result.members)
     cost = set_cost(view, members)
     nodes = sorted({view.node[p] for p in members})
@@ -278,6 +279,8 @@ def _calm(state: FreeState, policy: PolicySettings) -> bool:
     if not state.node_load or policy.backpressure_tolerance <= 0:
         return True
     threshold = policy.backpressure_threshold
+    if threshold >= 0 and max(state.node_load.values()) <= threshold:
+        return True  # each load, clamped to [0, 1], stays at or below it: nothing overloaded
     return not any(overload(load, threshold) for load in state.node_load.values())
 
 
