@@ -291,7 +291,8 @@ def _cheapest_one(view: HostView, busy: set[int], weight: float,
     free GPU on a node with room can win; of those the least weight x phi (the same
     floats solve_one compares), the lowest position on a tie, as solve_one picks."""
     taken = _bits(view, busy)
-    per_kind = _kind_phi(view, taken)
+    _, sizes = _group_index(view)
+    kinds, _, masks, spans, known_of = _group_kinds(view)
     kind_masks, node_masks = _kind_positions(view)
     closed = taken
     if node_cap is not None:
@@ -300,14 +301,16 @@ def _cheapest_one(view: HostView, busy: set[int], weight: float,
                 closed |= mask
     open_ = ~closed
     best, pick = float("inf"), -1
-    for value, mask in zip(per_kind, kind_masks):
+    for kind, mask in enumerate(kind_masks):
+        room = mask & open_
+        if not room:
+            continue  # phi only for kinds with an open GPU (few, on a busy host)
+        value = known_of[kind].get(taken & spans[kind])
+        if value is None:
+            value = _phi_value(kinds[kind], sizes, masks, taken, known_of[kind], spans[kind])
         u = weight * value
-        if u <= best:
-            room = mask & open_
-            if room:
-                p = (room & -room).bit_length() - 1  # the kind's lowest open position
-                if u < best or p < pick:
-                    best, pick = u, p
+        if u < best or (u == best and (room & -room).bit_length() - 1 < pick):
+            best, pick = u, (room & -room).bit_length() - 1  # the kind's lowest open position
     if pick < 0:
         return None
     return SearchResult((pick,), best, True, 1)
@@ -652,15 +655,22 @@ def _kind_phi(view: HostView, taken: int) -> list[float]:
     kinds, _, masks, spans, known_of = _group_kinds(view)
     per_kind = []
     for groups, span, known in zip(kinds, spans, known_of):
-        key = taken & span
-        value = known.get(key)
+        value = known.get(taken & span)
         if value is None:
-            if len(known) >= KIND_MEMO:
-                known.clear()
-            value = known[key] = (sum([(sizes[i] - (taken & masks[i]).bit_count()) / sizes[i] for i in groups])
-                                  / len(groups) if groups else 1.0)
+            value = _phi_value(groups, sizes, masks, taken, known, span)
         per_kind.append(value)
     return per_kind
+
+
+def _phi_value(groups: tuple[int, ...], sizes: list[int], masks: list[int], taken: int, known: dict,
+               span: int) -> float:
+    """phi of a GPU in `groups` with `taken` busy (the per-GPU formula's expression, in
+    its order), kept in the kind's memo `known` by the busy bits within `span`."""
+    if len(known) >= KIND_MEMO:
+        known.clear()
+    value = known[taken & span] = (sum([(sizes[i] - (taken & masks[i]).bit_count()) / sizes[i] for i in groups])
+                                   / len(groups) if groups else 1.0)
+    return value
 
 
 def _group_index(view: HostView) -> tuple[list[tuple[int, ...]], list[int]]:
