@@ -40,7 +40,10 @@ How a decision is made:
    - back-pressure: a per-GPU penalty for overloaded nodes, in a second search only when
      the first set touches one (topod.alloc.policy).
    The search is exact unless it exhausts PolicySettings.search_budget nodes; then the
-   decision says exact=false.
+   decision says exact=false. One GPU with nothing forced or filtered, no NIC term, no
+   node past the back-pressure threshold and no census (the API's commonest request on a
+   big host) is that search's answer taken directly: the cheapest free GPU per kind (GPUs
+   with the same groups share phi), by bit masks (_cheapest_one).
 3. CPUs (topod.alloc.cores), satisfaction (share of pairs on one NUMA node, 1.0 for one
    GPU) and the performance estimate (topod.alloc.estimate).
 """
