@@ -19,7 +19,6 @@ and calls sched_setaffinity through an injectable setter.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ if TYPE_CHECKING:
     from topod.host import HostRoot
 
 from topod.cpulist import format_cpulist, parse_cpulist
+from topod.staterecord import load_record, save_record
 
 PF_KTHREAD = 0x00200000
 PF_NO_SETAFFINITY = 0x04000000
@@ -156,31 +156,18 @@ class Isolation:
     # -- the record -------------------------------------------------------------
     def _load(self) -> dict[int, Change]:
         try:
-            with open(self.path, encoding="utf-8") as handle:
-                body = json.load(handle)
+            body = load_record(self.path)
+            if body is None:
+                return {}
             return {int(tid): Change(int(tid), int(e["pid"]), int(e["start"]), frozenset(parse_cpulist(e["before"])),
                                      frozenset(parse_cpulist(e["set"]))) for tid, e in body["threads"].items()}
-        except FileNotFoundError:
-            return {}
         except (OSError, ValueError, KeyError, TypeError):
             return {}  # unreadable: nothing can be restored from it; said by report()
 
     def _save(self) -> None:
-        if not self.record:
-            try:
-                os.unlink(self.path)
-            except FileNotFoundError:
-                pass
-            return
-        body = {"version": 1, "threads": {str(c.tid): {"pid": c.pid, "start": c.start, "before": format_cpulist(
-            sorted(c.before)), "set": format_cpulist(sorted(c.after))} for c in self.record.values()}}
-        temp = f"{self.path}.tmp"
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(body, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, self.path)
+        threads = {str(c.tid): {"pid": c.pid, "start": c.start, "before": format_cpulist(sorted(c.before)),
+                                "set": format_cpulist(sorted(c.after))} for c in self.record.values()}
+        save_record(self.path, {"version": 1, "threads": threads} if threads else None)
 
     # -- reading ------------------------------------------------------------------
     def threads(self, exclude: frozenset[int] = frozenset()) -> list[Thread]:

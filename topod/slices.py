@@ -19,12 +19,12 @@ injectable calls (topod.scope's D-Bus client in the daemon).
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from topod.cpulist import format_cpulist, parse_cpulist
+from topod.staterecord import load_record, save_record
 
 UNITS = ("system.slice", "user.slice", "init.scope")
 RECORD_NAME = "isolation-slices.json"
@@ -76,32 +76,18 @@ class SliceIsolation:
     # -- the record --------------------------------------------------------------------
     def _load(self) -> dict[str, dict[str, tuple[int, ...]]]:
         try:
-            with open(self.path, encoding="utf-8") as handle:
-                body = json.load(handle)
+            body = load_record(self.path)
+            if body is None:
+                return {}
             return {unit: {"before": tuple(parse_cpulist(entry["before"])), "set": tuple(parse_cpulist(entry["set"]))}
                     for unit, entry in body["units"].items()}
-        except FileNotFoundError:
-            return {}
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return {}
 
     def _save(self) -> None:
-        if not self.record:
-            try:
-                os.unlink(self.path)
-            except FileNotFoundError:
-                pass
-            return
-        body = {"version": 1, "units": {unit: {"before": format_cpulist(entry["before"]),
-                                               "set": format_cpulist(entry["set"])}
-                                        for unit, entry in self.record.items()}}
-        temp = f"{self.path}.tmp"
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(body, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, self.path)
+        units = {unit: {"before": format_cpulist(entry["before"]), "set": format_cpulist(entry["set"])}
+                 for unit, entry in self.record.items()}
+        save_record(self.path, {"version": 1, "units": units} if units else None)
 
     # -- acting (blocking: run in a worker thread) ---------------------------------------
     def apply(self, housekeeping: Iterable[int]) -> dict:
