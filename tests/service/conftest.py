@@ -84,3 +84,17 @@ def daemon_factory(host_tree, tmp_path):
     yield make
     for proc in started:
         proc.stop(signal.SIGKILL)
+
+
+@pytest.fixture()
+def systemd(tmp_path):
+    """A real D-Bus bus with a stand-in for systemd's Manager on it (fake_systemd.py);
+    skipped where no dbus-daemon can run."""
+    from fake_systemd import FakeSystemd
+
+    try:
+        fake = FakeSystemd(tmp_path)
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+    yield fake
+    fake.close()

@@ -16,20 +16,9 @@ import pytest
 from topod.client import ApiError, Client
 from topod.scope import bitmask
 
-from fake_systemd import FakeSystemd
 
 NOBODY = 65534
 CONFIG = '[irq]\nmode = "off"\n[probe]\nenabled = false\n'
-
-
-@pytest.fixture()
-def systemd(tmp_path):
-    try:
-        fake = FakeSystemd(tmp_path)
-    except RuntimeError as exc:
-        pytest.skip(str(exc))
-    yield fake
-    fake.close()
 
 
 @pytest.fixture()

@@ -16,21 +16,10 @@ import pytest
 
 from topod.cpulist import parse_cpulist
 
-from fake_systemd import FakeSystemd
 
 UNITS = ("system.slice", "user.slice", "init.scope")
 CONFIG = ('[irq]\nmode = "off"\n[probe]\nenabled = false\n'
           '[isolate]\nsystem = true\nmethod = "cgroup"\ninterval_seconds = 1.0\n')
-
-
-@pytest.fixture()
-def systemd(tmp_path):
-    try:
-        fake = FakeSystemd(tmp_path)
-    except RuntimeError as exc:
-        pytest.skip(str(exc))
-    yield fake
-    fake.close()
 
 
 def _until(predicate, what: str, timeout: float = 20.0):
