@@ -12,7 +12,6 @@ import subprocess
 import time
 from pathlib import Path
 
-
 from topod.cpulist import parse_cpulist
 
 
