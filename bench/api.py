@@ -23,6 +23,7 @@ alternated N times, medians of the ratio and of each party's event-loop CPU."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import statistics
@@ -36,21 +37,33 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-CLIENTS = 64
-ROUNDS = 20
+TRIPS = 1280  # round trips per saturation figure, shared among the clients
 SINGLE = 300
 OPEN_RATE = 300  # round trips per second
 OPEN_SECONDS = 10
 OPEN_WORKERS = 16
 
+# Each setup: the host, the concurrent clients, what each asks for. "issue" is issue 26's
+# own row: the seed 8xH800 host, 8 clients, a plain one-GPU request with topod's default
+# config (auto cores). "64" is the harder one: 64 clients on a 64-GPU synthetic host.
+SETUPS = {
+    "issue": {"host": "h800-8gpu", "clients": 8, "request": {}},
+    "64": {"host": "64", "clients": 64, "request": {"level": "any", "cpus_per_gpu": 0}},
+}
+SETUP = SETUPS["64"]
+
+# The anchor answers with the same lease JSON topod gave for the same request on the same
+# host (argv[2], captured once), so both put the same bytes on the wire and the client
+# parses the same document; aiohttp encodes it per answer as any handler would.
 BARE_SERVER = r'''
 import json, sys, uuid
 from aiohttp import web
+LEASE = json.load(open(sys.argv[2]))
 async def create(request):
     await request.read()
-    return web.json_response({"id": uuid.uuid4().hex[:16], "gpus": [0], "cpus": [1, 2]}, status=201)
+    return web.json_response(dict(LEASE, id=uuid.uuid4().hex[:16]), status=201)
 async def delete(request):
-    return web.json_response({"released": request.match_info["id"], "gpus": [0]})
+    return web.json_response({"released": request.match_info["id"], "gpus": LEASE["gpus"]})
 async def health(request):
     return web.json_response({"status": "ok"})
 app = web.Application()
@@ -81,10 +94,10 @@ def saturate(sock: str) -> tuple[float, list[float], int]:
     def worker() -> None:
         nonlocal failures
         client = Client(sock)
-        for _ in range(ROUNDS):
+        for _ in range(TRIPS // SETUP["clients"]):
             started = time.perf_counter()
             try:
-                lease = client.allocate(1, level="any", cpus_per_gpu=0)
+                lease = client.allocate(1, **SETUP["request"])
                 client.release(lease["id"])
             except ApiError:
                 with lock:
@@ -93,7 +106,7 @@ def saturate(sock: str) -> tuple[float, list[float], int]:
             with lock:
                 latencies.append(time.perf_counter() - started)
 
-    threads = [threading.Thread(target=worker) for _ in range(CLIENTS)]
+    threads = [threading.Thread(target=worker) for _ in range(SETUP["clients"])]
     began = time.perf_counter()
     for thread in threads:
         thread.start()
@@ -110,7 +123,7 @@ def single(sock: str) -> tuple[list[float], list[float], list[float]]:
     trips, allocates, releases = [], [], []
     for i in range(SINGLE + 20):
         started = time.perf_counter()
-        lease = client.allocate(1, level="any", cpus_per_gpu=0)
+        lease = client.allocate(1, **SETUP["request"])
         granted = time.perf_counter()
         client.release(lease["id"])
         if i >= 20:
@@ -208,7 +221,7 @@ def open_loop(sock: str) -> list[float]:
             delay = due - time.perf_counter()
             if delay > 0:
                 time.sleep(delay)
-            lease = client.allocate(1, level="any", cpus_per_gpu=0)
+            lease = client.allocate(1, **SETUP["request"])
             client.release(lease["id"])
             finished = time.perf_counter()
             with lock:
@@ -360,26 +373,59 @@ def topology_figures(root: Path, reads: int = 30) -> str:
             f"cached per version {a * 1e6:.1f} us ({b / a:.0f}x less), {len(per_reader())} bytes")
 
 
+def build_setup_host(work: Path) -> Path:
+    from topod.hostspec import build_host, load_builtin_spec
+    from topod.hostspec.synthetic import spec_64
+
+    host = SETUP["host"]
+    return build_host(spec_64() if host == "64" else load_builtin_spec(host), work / f"host-{host}")
+
+
+def topod_command(root: Path, work: Path, label: str, config: str) -> tuple[list[str], str]:
+    """topod as a user starts it (its defaults, plus the bench's config file), and its socket."""
+    (work / f"{label}.toml").write_text(config)
+    sock = str(work / f"{label}.sock")
+    return ([sys.executable, "-m", "topod.service.main", "--root", str(root), "--socket", sock,
+             "--state-dir", str(work / f"state-{label}"), "--config", str(work / f"{label}.toml"),
+             "--log-format", "json"], sock)
+
+
+def bare_command(root: Path, work: Path, label: str) -> tuple[list[str], str]:
+    """The anchor, answering with the lease document topod gives for this setup's request
+    on this host (taken from a topod started for it alone)."""
+    from topod.client import Client
+
+    (work / "bare.py").write_text(BARE_SERVER)
+    document = work / f"lease-{label}.json"
+    if not document.exists():
+        command, sock = topod_command(root, work, f"capture-{label}", '[irq]\nmode = "off"\n[probe]\nenabled = false\n')
+        process = subprocess.Popen(command, stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                   env=dict(os.environ, PYTHONPATH=str(REPO)))
+        try:
+            wait_ready(sock)
+            client = Client(sock)
+            lease = client.allocate(1, **SETUP["request"])
+            client.release(lease["id"])
+        finally:
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=30)
+        document.write_text(json.dumps(lease))
+    sock = str(work / f"bare-{label}.sock")
+    return [sys.executable, str(work / "bare.py"), sock, str(document)], sock
+
+
 def saturation_rounds(rounds: int) -> int:
     """Bare server and topod (FULL, IRQ off) alternated `rounds` times, saturation only:
     medians of the rate ratio and of each party's event-loop CPU per round trip."""
-    from topod.hostspec import build_host
-    from topod.hostspec.synthetic import spec_64
-
     ratios, loops, bare_loops, decisions = [], [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        (work / "bare.py").write_text(BARE_SERVER)
-        root = build_host(spec_64(), work / "host")
-        (work / "full.toml").write_text('[irq]\nmode = "off"\n[probe]\nenabled = false\n')
+        root = build_setup_host(work)
         for i in range(rounds):
             figures = []
             for kind in ("bare", "topod"):
-                sock = str(work / f"{kind}{i}.sock")
-                command = ([sys.executable, str(work / "bare.py"), sock] if kind == "bare" else
-                           [sys.executable, "-m", "topod.service.main", "--root", str(root), "--socket", sock,
-                            "--state-dir", str(work / f"state{i}"), "--config", str(work / "full.toml"),
-                            "--log-format", "json"])
+                command, sock = (bare_command(root, work, "sat") if kind == "bare" else
+                                 topod_command(root, work, f"sat{i}", '[irq]\nmode = "off"\n[probe]\nenabled = false\n'))
                 figures.append(measure_saturation(command, sock, decisions=kind == "topod"))
             bare, topod = figures
             ratios.append(topod["rate"] / bare["rate"])
@@ -391,11 +437,17 @@ def saturation_rounds(rounds: int) -> int:
                   f"{topod['threads']:.0f} us): {ratios[-1]:.2f} of bare", flush=True)
     load = os.getloadavg()
     median = statistics.median
-    print(f"saturation, {CLIENTS} clients, {rounds} rounds alternated; load average {load[0]:.2f} {load[1]:.2f} "
+    print(f"saturation, {describe_setup()}, {rounds} rounds alternated; load average {load[0]:.2f} {load[1]:.2f} "
           f"{load[2]:.2f}: topod {median(ratios):.2f} of bare (min {min(ratios):.2f}, max {max(ratios):.2f}); "
           f"event loop per round trip: topod {median(loops):.0f} us ({median(loops) - median(decisions):.0f} us "
           f"without the decision), bare {median(bare_loops):.0f} us")
     return 0
+
+
+def describe_setup() -> str:
+    request = ", ".join(f"{key}={value}" for key, value in SETUP["request"].items()) or "defaults"
+    host = "64-GPU synthetic host" if SETUP["host"] == "64" else f"{SETUP['host']} host"
+    return f"{SETUP['clients']} clients, {host}, 1 GPU with {request}"
 
 
 def measure_saturation(command: list[str], sock: str, decisions: bool = False) -> dict:
@@ -418,46 +470,53 @@ def measure_saturation(command: list[str], sock: str, decisions: bool = False) -
 
 
 def main() -> int:
-    from topod.hostspec import build_host
-    from topod.hostspec.synthetic import spec_64
+    """`api.py [issue|64]`: every row for that setup (both when none is named);
+    `api.py saturation N [issue|64]`; `api.py topology`."""
+    global SETUP
+    args = sys.argv[1:]
+    if args[:1] == ["topology"]:
+        from topod.hostspec import build_host
+        from topod.hostspec.synthetic import spec_64
 
-    if sys.argv[1:2] == ["saturation"]:
-        return saturation_rounds(int(sys.argv[2]) if len(sys.argv) > 2 else 3)
-    if sys.argv[1:] == ["topology"]:
         with tempfile.TemporaryDirectory() as tmp:
             print(topology_figures(build_host(spec_64(), Path(tmp) / "host")))
         return 0
+    if args[:1] == ["saturation"]:
+        SETUP = SETUPS[args[3] if len(args) > 3 else "issue"]
+        return saturation_rounds(int(args[1]) if len(args) > 1 else 3)
+    for name in args or list(SETUPS):
+        SETUP = SETUPS[name]
+        all_rows()
+    return 0
 
+
+def all_rows() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        (work / "bare.py").write_text(BARE_SERVER)
-        sock = str(work / "bare.sock")
-        rows.append(("bare aiohttp, canned JSON", measure([sys.executable, str(work / "bare.py"), sock], sock)))
-        root = build_host(spec_64(), work / "host")
+        root = build_setup_host(work)
+        command, sock = bare_command(root, work, "rows")
+        rows.append(("bare aiohttp, same lease JSON", measure(command, sock)))
         for durability, irq in (("full", "off"), ("normal", "off"), ("full", "dry-run")):
             label = f"{durability}-{irq}"
-            (work / f"{label}.toml").write_text(f'[daemon]\nsqlite_synchronous = "{durability}"\n'
-                                                f'[irq]\nmode = "{irq}"\n[probe]\nenabled = false\n')
-            sock = str(work / f"{label}.sock")
-            command = [sys.executable, "-m", "topod.service.main", "--root", str(root), "--socket", sock,
-                       "--state-dir", str(work / f"state-{label}"), "--config", str(work / f"{label}.toml"),
-                       "--log-format", "json"]
+            command, sock = topod_command(root, work, label, f'[daemon]\nsqlite_synchronous = "{durability}"\n'
+                                                              f'[irq]\nmode = "{irq}"\n[probe]\nenabled = false\n')
             name = f"topod, sqlite {durability.upper()}" + (", IRQ dry-run" if irq != "off" else "")
             rows.append((name, measure(command, sock, topod_commits, decisions=True)))
         floor = fsync_floor(work)
         commit_floor = sqlite_commits(work)
-        topology_line = topology_figures(root)
+        topology_line = topology_figures(root) if SETUP["host"] == "64" else None
     load = os.getloadavg()
-    print(topology_line)
-    print(f"api allocate+release round trips; 64-GPU host; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    if topology_line:
+        print(topology_line)
+    print(f"api allocate+release round trips; {describe_setup()}; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     floor_p50 = statistics.median(floor)
     print(f"fsync floor on the state dir's filesystem (4 KiB overwrite + fdatasync): p50 {floor_p50 * 1e3:.2f} ms, "
           f"p99 {p99(floor) * 1e3:.2f} ms; one SQLite FULL commit alone: p50 "
           f"{statistics.median(commit_floor) * 1e3:.2f} ms, p99 {p99(commit_floor) * 1e3:.2f} ms")
     bare = rows[0][1]
     for name, row in rows:
-        print(f"{name:<34} {CLIENTS} clients: {row['rate']:7.0f} rt/s ({row['rate'] / bare['rate']:.2f} of bare), "
+        print(f"{name:<34} {SETUP['clients']} clients: {row['rate']:7.0f} rt/s ({row['rate'] / bare['rate']:.2f} of bare), "
               f"p50 {row['p50_64'] * 1e3:6.2f} ms, p99 {row['p99_64'] * 1e3:6.2f} ms, {row['failures']} refused | "
               f"1 client: p50 {row['p50_1'] * 1e3:5.2f} ms, p99 {row['p99_1'] * 1e3:5.2f} ms | "
               f"open loop {OPEN_RATE} rt/s: p50 {row['p50_open'] * 1e3:5.2f} ms, p99 {row['p99_open'] * 1e3:5.2f} ms"
@@ -475,7 +534,6 @@ def main() -> int:
               f"release p50 {row['release_p50'] * 1e3:.2f} ms (p99 {row['release_p99'] * 1e3:.2f}), floor + 0.5 = "
               f"{(floor_p50 + 0.0005) * 1e3:.2f} ms | open loop p99 {row['p99_open'] / bare['p99_open']:.1f}x bare's "
               f"(<= 3x)")
-    return 0
 
 
 if __name__ == "__main__":

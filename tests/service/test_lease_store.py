@@ -64,6 +64,42 @@ def test_concurrent_changes_share_one_commit_and_each_waits_for_it(tmp_path):
     reopened.close()
 
 
+def test_changes_made_in_one_turn_of_the_loop_share_one_commit(tmp_path):
+    """The idle writer is woken when the loop's turn is over, not by the first change of
+    it: the requests that arrived together are one commit (one fsync), every time."""
+    store = LeaseStore(tmp_path)
+
+    async def scenario():
+        await store.add(make_lease("first", (7,)))  # the writer thread runs and goes idle
+        for round_ in range(3):
+            before = store.commits
+            commits = [store.add(make_lease(f"r{round_}g{g}", (g,))) for g in range(7)]
+            await asyncio.gather(*commits)
+            assert store.commits == before + 1, (round_, store.commits - before)
+            ended = [store.remove(f"r{round_}g{g}")[1] for g in range(7)]
+            await asyncio.gather(*ended)
+
+    asyncio.run(scenario())
+    store.close()
+
+
+def test_a_loop_closed_before_its_turn_ended_does_not_stall_the_next_loops_changes(tmp_path):
+    store = LeaseStore(tmp_path)
+
+    async def first():
+        await store.add(make_lease("a", (0,)))
+        store.add(make_lease("b", (1,)))  # its wake-up is due when this turn ends: never
+
+    async def second():
+        await asyncio.wait_for(store.add(make_lease("c", (2,))), 5)
+
+    asyncio.run(first())
+    asyncio.run(second())
+    store.flush()
+    assert sorted(row[0] for row in store._db.execute("SELECT id FROM leases")) == ["a", "b", "c"]
+    store.close()
+
+
 def test_a_gpu_in_two_leases_is_refused_before_it_is_queued(tmp_path):
     store = LeaseStore(tmp_path)
     store.add(make_lease("a", (0, 1)))

@@ -286,6 +286,27 @@ def test_group_lookups_are_cached_and_run_off_the_loop():
     assert all(name != threading.main_thread().name for _, _, name in calls)
 
 
+def test_a_caller_is_known_at_once_unless_its_groups_must_be_looked_up():
+    from topod.api.peer import GroupCache, caller_now
+
+    cache = GroupCache(ttl=60.0, lookup=lambda uid, gid: [gid, 4242], clock=lambda: 0.0)
+    root = caller_now(7, 0, 0, 4242, cache)
+    assert root.may_allocate and root.is_admin
+    assert caller_now(7, 1000, 4242, 4242, cache).may_allocate, "the primary group needs no lookup"
+    assert caller_now(7, 1000, 1000, None, cache).may_allocate is False, "no group configured: nothing to look up"
+    assert caller_now(7, 1000, 1000, 4242, cache) is None, "a member by supplementary group: a lookup first"
+
+    async def look_up():
+        from topod.api.peer import caller_async
+
+        return await caller_async(7, 1000, 1000, 4242, cache)
+
+    assert asyncio.run(look_up()).may_allocate
+    cached = caller_now(7, 1000, 1000, 4242, cache)
+    assert cached is not None and cached.may_allocate and not cached.is_admin
+    assert caller_now(7, 1000, 1000, 5555, cache).may_allocate is False, "cached groups without 5555"
+
+
 # -- connections -----------------------------------------------------------------------
 
 def test_accept_failures_are_logged_once_per_burst_and_counted():

@@ -29,14 +29,16 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from collections.abc import Callable
 from email.utils import formatdate
+from functools import partial
 from typing import Any
 
 import httptools
 from aiohttp.helpers import parse_content_type
 
 from topod.api.body import parse_body
-from topod.api.peer import caller_async, peer_credentials
+from topod.api.peer import caller_async, caller_now, peer_credentials
 from topod.api.server import (
     PeerDeniedError,
     check_declared_size,
@@ -138,8 +140,10 @@ class LeanConnection(asyncio.Protocol):
         self._site.lean_connections.discard(self)
         if not self._internal:
             self._gate.leave(self._uid)
-        if self._task is not None and not self._task.done():
-            self._task.cancel()  # the client went away: as aiohttp's handler_cancellation does
+        task = self._task
+        if isinstance(task, asyncio.Task) and not task.done():
+            task.cancel()  # the client went away: as aiohttp's handler_cancellation does
+        # A grant answered from its commit learns it then (_answer_grant: not delivered).
 
     def eof_received(self) -> bool | None:
         return None  # as aiohttp: the transport closes, a request in progress is cancelled
@@ -171,12 +175,11 @@ class LeanConnection(asyncio.Protocol):
             parser.feed_data(raw)
             if not self._complete or self._messages != 1:
                 raise _NotLean
-            job = self._job(parser)
+            serve = self._job(parser)
         except (_NotLean, ValueError, httptools.HttpParserError, httptools.HttpParserUpgrade):
             self._hand_over(raw)
             return
-        self._task = asyncio.get_running_loop().create_task(self._run(job, parser.get_method().decode(),
-                                                                      self._url.decode("ascii", "replace")))
+        serve()
 
     def on_message_begin(self) -> None:
         self._messages += 1
@@ -205,8 +208,8 @@ class LeanConnection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         self._complete = True
 
-    def _job(self, parser: httptools.HttpRequestParser):
-        """The coroutine serving this request, or _NotLean."""
+    def _job(self, parser: httptools.HttpRequestParser) -> Callable[[], None]:
+        """What serves this request (called once parsing is over), or _NotLean."""
         headers = self._headers
         if (parser.get_http_version() not in ("1.1", "1.0") or b"transfer-encoding" in headers
                 or b"expect" in headers or b"upgrade" in headers or parser.should_upgrade()):
@@ -216,12 +219,22 @@ class LeanConnection(asyncio.Protocol):
             length = headers.get(b"content-length")
             if length is None:
                 raise _NotLean
-            return self._allocate(int(length), headers.get(b"content-type"), b"".join(self._body))
+            return partial(self._allocate, int(length), headers.get(b"content-type"), b"".join(self._body))
         if method == b"DELETE" and not self._body and b"content-length" not in headers:
             match = _LEASE_ID.fullmatch(url or b"")
             if match:
-                return self._release(match.group(1).decode())
+                return partial(self._release, match.group(1).decode())
         raise _NotLean
+
+    # A grant or release is decided in this callback and answered from its commit's
+    # callback: no task, no await. Only a request that must wait (a group lookup for its
+    # caller, a queue) runs as a task; `_task` is then that task, else a future that
+    # resolves when the answer is out (what shutdown waits for).
+    def _start(self, job, method: str, path: str) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(job, method, path))
+
+    def _await_commit(self) -> None:
+        self._task = asyncio.get_running_loop().create_future()
 
     async def _run(self, job, method: str, path: str) -> None:
         """A fault outside the endpoints' own error handling is a 500, as the middleware's."""
@@ -233,7 +246,7 @@ class LeanConnection(asyncio.Protocol):
             if self._task is not None:  # no answer went out yet
                 self._answer_error(exc, method, path)
 
-    async def _allocate(self, length: int, content_type: bytes | None, raw: bytes) -> None:
+    def _allocate(self, length: int, content_type: bytes | None, raw: bytes) -> None:
         backend = self._backend
         try:
             charset = None
@@ -242,21 +255,78 @@ class LeanConnection(asyncio.Protocol):
             limit = max_body_bytes(backend)
             check_declared_size(length, limit)
             body = parse_body(raw, charset=charset, max_bytes=limit)
-            lease = await backend.alloc.allocate(body, await self._caller(), connected=self._connected)
+            caller = self._caller_now()
+            if caller is None:
+                self._start(self._allocate_later(body), "POST", "/v1/leases")
+                return
+            started = backend.alloc.start_allocation(body, caller)
+        except Exception as exc:  # noqa: BLE001 - the API's error mapping, as the middleware does
+            self._answer_error(exc, "POST", "/v1/leases")
+            return
+        if not isinstance(started, tuple):  # Queued, nothing granted yet: a cancelled task takes nothing
+            self._start(self._allocate_later(body, started, caller), "POST", "/v1/leases")
+            return
+        self._await_commit()
+        backend.alloc.deliver(*started, self._delivered)
+
+    def _delivered(self, lease: Any, error: BaseException | None) -> None:
+        try:
+            if error is not None:
+                self._answer_error(error, "POST", "/v1/leases")
+            else:
+                self._answer_grant(lease)
+        except Exception as exc:  # noqa: BLE001 - a fault here is a 500, as the middleware's
+            if self._task is not None:
+                self._answer_error(exc, "POST", "/v1/leases")
+
+    async def _allocate_later(self, body: Any, started: Any = None, caller: Any = None) -> None:
+        backend = self._backend
+        try:
+            if started is None:
+                caller = await self._caller()
+                started = backend.alloc.start_allocation(body, caller)
+            lease = await backend.alloc.finish_allocation(started, caller, connected=self._connected)
         except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
             raise
         except Exception as exc:  # noqa: BLE001 - the API's error mapping, as the middleware does
             self._answer_error(exc, "POST", "/v1/leases")
             return
-        # Written in this step, with no await between the grant and the write: a lease whose
-        # answer cannot reach its client ends at once (as in the aiohttp handler).
+        self._answer_grant(lease)
+
+    def _answer_grant(self, lease: Any) -> None:
+        """Written with no await between the grant's commit and the write: a lease whose
+        answer cannot reach its client ends at once (as in the aiohttp handler)."""
+        backend = self._backend
         delivered = False
         try:
             delivered = self._answer(201, lease_text(backend, lease).encode())
         finally:
             backend.alloc.answered(lease, delivered)
 
-    async def _release(self, lease_id: str) -> None:
+    def _release(self, lease_id: str) -> None:
+        try:
+            caller = self._caller_now()
+            if caller is None:
+                self._start(self._release_later(lease_id), "DELETE", f"/v1/leases/{lease_id}")
+                return
+            lease, commit = self._backend.alloc.start_release(lease_id, caller)
+        except Exception as exc:  # noqa: BLE001
+            self._answer_error(exc, "DELETE", f"/v1/leases/{lease_id}")
+            return
+        self._await_commit()
+        self._backend.alloc.when_committed(lease, commit, partial(self._released, lease_id))
+
+    def _released(self, lease_id: str, lease: Any, error: BaseException | None) -> None:
+        try:
+            if error is not None:
+                self._answer_error(error, "DELETE", f"/v1/leases/{lease_id}")
+            else:
+                self._answer(200, released_text(lease).encode())
+        except Exception as exc:  # noqa: BLE001 - a fault here is a 500, as the middleware's
+            if self._task is not None:
+                self._answer_error(exc, "DELETE", f"/v1/leases/{lease_id}")
+
+    async def _release_later(self, lease_id: str) -> None:
         try:
             lease = await self._backend.alloc.release(lease_id, await self._caller())
         except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
@@ -265,6 +335,13 @@ class LeanConnection(asyncio.Protocol):
             self._answer_error(exc, "DELETE", f"/v1/leases/{lease_id}")
             return
         self._answer(200, released_text(lease).encode())
+
+    def _caller_now(self):
+        """The caller, or None when its groups must be looked up first (_caller)."""
+        if not isinstance(self._peer, tuple):
+            raise PeerDeniedError(f"cannot identify the caller: {self._peer or 'not a Unix socket peer'}")
+        pid, uid, gid = self._peer
+        return caller_now(pid, uid, gid, self._backend.allowed_group)
 
     async def _caller(self):
         if not isinstance(self._peer, tuple):
@@ -283,7 +360,9 @@ class LeanConnection(asyncio.Protocol):
         """Write the whole answer; True when it went to a connection still open. Then the
         next request (pipelined), or the end of the connection."""
         transport = self._transport
-        self._task = None
+        task, self._task = self._task, None
+        if task is not None and not isinstance(task, asyncio.Task) and not task.done():
+            task.set_result(None)  # the answer shutdown waits for is out
         if not self._connected():
             return False
         transport.write(response_bytes(status, body, self._keep_alive))

@@ -77,9 +77,26 @@ def caller_from(pid: int | None, uid: int, gid: int, allowed_group: int | None) 
 async def caller_async(pid: int | None, uid: int, gid: int, allowed_group: int | None,
                        cache: GroupCache | None = None) -> Caller:
     """caller_from without blocking the loop: the group lookup runs in a thread, cached."""
+    known = caller_now(pid, uid, gid, allowed_group, cache)
+    if known is not None:
+        return known
+    may = allowed_group in await (cache or GROUPS).groups(uid, gid)
+    return Caller(uid=uid, gid=gid, pid=pid, may_allocate=may, is_admin=uid == 0)
+
+
+def caller_now(pid: int | None, uid: int, gid: int, allowed_group: int | None,
+               cache: GroupCache | None = None) -> Caller | None:
+    """The caller when no group lookup is needed (root, topod's own user, the primary
+    group, or the cache holds the user's groups); None when one is (caller_async)."""
     may = uid == 0 or uid == os.getuid()
     if not may and allowed_group is not None:
-        may = gid == allowed_group or allowed_group in await (cache or GROUPS).groups(uid, gid)
+        if gid == allowed_group:
+            may = True
+        else:
+            groups = (cache or GROUPS).cached(uid, gid)
+            if groups is None:
+                return None
+            may = allowed_group in groups
     return Caller(uid=uid, gid=gid, pid=pid, may_allocate=may, is_admin=uid == 0)
 
 
@@ -96,11 +113,18 @@ class GroupCache:
         self._pending: dict[tuple[int, int], asyncio.Future] = {}
         self.lookups = 0
 
-    async def groups(self, uid: int, gid: int) -> frozenset[int]:
-        key = (uid, gid)
-        hit = self._cache.get(key)
+    def cached(self, uid: int, gid: int) -> frozenset[int] | None:
+        """The user's groups if a lookup younger than `ttl` holds them; None otherwise."""
+        hit = self._cache.get((uid, gid))
         if hit is not None and self.clock() - hit[0] < self.ttl:
             return hit[1]
+        return None
+
+    async def groups(self, uid: int, gid: int) -> frozenset[int]:
+        key = (uid, gid)
+        hit = self.cached(uid, gid)
+        if hit is not None:
+            return hit
         # One lookup per key at a time, owned by no request: a caller that disconnects
         # (and is cancelled) does not cancel the lookup others wait on.
         task = self._pending.get(key)

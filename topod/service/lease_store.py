@@ -163,6 +163,7 @@ class LeaseStore:
         self._pending: list[_Op] = []
         self._cond = threading.Condition()
         self._writer_idle = False  # the writer waits on _cond: a change must wake it
+        self._wake_due: asyncio.AbstractEventLoop | None = None  # the loop _wake_writer is due on
         self._urgent = 0  # pending changes someone waits on (all but confirmations)
         self._lazy_deadline: float | None = None  # when pending confirmations alone get written
         self._closing = False
@@ -407,10 +408,22 @@ class LeaseStore:
             if self._writer is None:
                 self._writer = threading.Thread(target=self._run_writer, name="topod-lease-writer", daemon=True)
                 self._writer.start()
-            elif wake and self._writer_idle:  # a busy writer takes what is pending when its commit ends
+            elif wake and self._writer_idle and self._wake_due is not loop:
+                # An idle writer is woken once this turn of the loop is over (call_soon runs
+                # after every callback already due), so the changes made by the requests
+                # that arrived together share its commit; a busy writer takes what is
+                # pending when its commit ends. (Per loop: a loop closed before its turn
+                # ended must not keep the next one from waking the writer.)
+                self._wake_due = loop
+                loop.call_soon(self._wake_writer)
+        return future
+
+    def _wake_writer(self) -> None:
+        with self._cond:
+            self._wake_due = None
+            if self._writer_idle and (self._urgent or self._closing):
                 self._writer_idle = False
                 self._cond.notify()
-        return future
 
     # -- the writer thread ------------------------------------------------------------
     def _run_writer(self) -> None:

@@ -30,7 +30,7 @@ from topod.enforce import lease_mode
 from topod.errors import AllocationError, TopodError
 from topod.events import EventBus
 from topod.service.lease import Lease
-from topod.service.lease_store import LeaseStore
+from topod.service.lease_store import LeaseStore, LeaseStoreError
 from topod.service.owner import OwnerWatch, descends_from, process_exists, process_start_time
 from topod.service.state import HostState
 
@@ -76,6 +76,14 @@ class Waiter:
     connected: Callable[[], bool]
     victims: tuple[str, ...] = ()
     id: str = field(default_factory=lambda: new_id(12))
+
+
+@dataclass(frozen=True, slots=True)
+class Queued:
+    """A request that cannot be granted now and may wait (start_allocation's answer)."""
+
+    request: Any
+    service: ServiceRequest
 
 
 class LeaseFiles(Protocol):
@@ -328,6 +336,20 @@ class LeaseService:
         return gpu.memory_numa_node if gpu is not None and gpu.address == address else None
 
     async def allocate(self, body: Any, caller: Caller, connected: Callable[[], bool] = _always_connected) -> Lease:
+        return await self.finish_allocation(self.start_allocation(body, caller), caller, connected)
+
+    async def finish_allocation(self, started: tuple[Lease, asyncio.Future | None] | Queued, caller: Caller,
+                                connected: Callable[[], bool] = _always_connected) -> Lease:
+        """The lease start_allocation began: waited for (Queued), then delivered."""
+        if isinstance(started, Queued):
+            return await self._wait(started.request, started.service, caller, connected)
+        return await self._deliver(*started)
+
+    def start_allocation(self, body: Any, caller: Caller) -> tuple[Lease, asyncio.Future | None] | Queued:
+        """allocate's part that needs no waiting: a refusal raised, a grant made at once
+        ((lease, commit): in the mirror now, on disk when commit resolves; the API's hot
+        path answers from the commit, see ready_to_answer), or Queued: the request waits
+        its turn (allocate's _wait)."""
         if not caller.may_allocate:
             raise self._refuse("denied", PermissionDeniedError("only root and members of the topod group may allocate"),
                                caller)
@@ -346,22 +368,56 @@ class LeaseService:
         except AllocationError as exc:
             if service.wait_seconds <= 0 or exc.code not in WAITABLE_CODES or not getattr(exc, "retryable", True):
                 raise self._refuse("rejected", exc, caller, gpus=request.gpus, job=request.job) from None
-            return await self._wait(request, service, caller, connected)
-        lease, commit = self._grant(request, decision, service, caller)
-        return await self._deliver(lease, commit)
+            return Queued(request, service)
+        return self._grant(request, decision, service, caller)
+
+    def deliver(self, lease: Lease, commit: asyncio.Future | None,
+                answer: Callable[[Lease | None, BaseException | None], None]) -> None:
+        """Once a granted lease is on disk and its files are written: answer(the lease as
+        its answer shows it, None); if its commit or its files failed: answer(None, the
+        error), the lease undone or ended. Callbacks on the loop, no task: the API's hot
+        path answers from here, and then says whether the answer went out (answered())."""
+        def files_written(written: asyncio.Future) -> None:
+            if written.cancelled():
+                error: BaseException | None = LeaseStoreError("the lease's files were not written (topod is stopping)")
+            else:
+                error = written.exception()
+            if error is not None:
+                self._take_back(lease, f"its files could not be written: {error}")
+                answer(None, error)
+            else:
+                answer(self.store.get(lease.id) or lease, None)
+
+        def committed(_: Lease | None, error: BaseException | None) -> None:
+            if error is not None:
+                answer(None, error)
+            elif self.files is None or not self.files.lease_has_files(lease):
+                answer(self.store.get(lease.id) or lease, None)
+            else:
+                written = asyncio.get_running_loop().run_in_executor(None, self.files.write_lease, lease)
+                written.add_done_callback(files_written)
+
+        self.when_committed(lease, commit, committed)
 
     async def _deliver(self, lease: Lease, commit: asyncio.Future | None) -> Lease:
         """Wait for the commit and the lease's files; a client gone meanwhile gets nothing,
         and the lease it would have had ends at once."""
+        delivered = asyncio.get_running_loop().create_future()
+
+        def answer(result: Lease | None, error: BaseException | None) -> None:
+            if delivered.done():  # the client went away meanwhile (cancelled)
+                return
+            if error is not None:
+                delivered.set_exception(error)
+            else:
+                delivered.set_result(result)
+
+        self.deliver(lease, commit, answer)
         try:
-            if commit is not None:
-                await asyncio.shield(commit)
-            if self.files is not None and self.files.lease_has_files(lease):
-                await asyncio.to_thread(self.files.write_lease, lease)
+            return await delivered
         except asyncio.CancelledError:
             self._take_back(lease)
             raise
-        return self.store.get(lease.id) or lease
 
     def _take_back(self, lease: Lease, reason: str = "client disconnected before the answer") -> None:
         current = self.store.get(lease.id)
@@ -485,8 +541,30 @@ class LeaseService:
         return lease
 
     async def release(self, lease_id: str, caller: Caller) -> Lease:
+        return await self._committed(self.start_release(lease_id, caller))
+
+    def start_release(self, lease_id: str, caller: Caller) -> tuple[Lease, asyncio.Future | None]:
+        """release's synchronous part: (the lease, the commit of its end); a refusal raised."""
         lease = self._owned("release", lease_id, caller)
-        return await self._committed(self._end(lease, "lease_released", reason="released"))
+        return self._end(lease, "lease_released", reason="released")
+
+    @staticmethod
+    def when_committed(lease: Lease, commit: asyncio.Future | None,
+                       answer: Callable[[Lease | None, BaseException | None], None]) -> None:
+        """answer(lease, None) once a change to it is on disk; answer(None, the error) if
+        its commit failed (the change undone). A callback on the loop, no task."""
+        def committed(done: asyncio.Future) -> None:
+            if done.cancelled():
+                answer(None, LeaseStoreError("the commit was abandoned (topod is stopping)"))
+            elif done.exception() is not None:
+                answer(None, done.exception())
+            else:
+                answer(lease, None)
+
+        if commit is None:
+            answer(lease, None)
+        else:
+            commit.add_done_callback(committed)
 
     async def revoke(self, lease_id: str, caller: Caller, reason: str = "revoked by admin") -> Lease:
         if not caller.is_admin:

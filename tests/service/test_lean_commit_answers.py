@@ -1,0 +1,180 @@
+"""The hot path answers a grant or a release from its commit's callback, with no task
+(issue 26): the answer goes out only once the change is on disk, a client that hangs up
+before that leaves no lease behind, and a failed commit is answered with its error and
+holds nothing. Driven in-process on the real LeaseService and LeaseStore (h800 fixture
+host), through a LeanConnection on a recording transport, so each step is exact."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from topod.api.leanhttp import LeanConnection
+from topod.config import load_config
+from topod.discover.scan import discover
+from topod.events import EventBus
+from topod.host import HostRoot
+from topod.service.lease_store import LeaseStore
+from topod.service.leases import LeaseService
+from topod.service.state import HostState
+
+GRANT = json.dumps({"gpus": 1, "level": "any", "cpus_per_gpu": 0}).encode()
+
+
+class RecordingTransport(asyncio.Transport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = b""
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        assert not self.closed, "nothing is written to a closed connection"
+        self.written += data
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def get_extra_info(self, name, default=None):
+        return default
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+class Site:
+    """What a LeanConnection needs of its GatedSockSite."""
+
+    def __init__(self) -> None:
+        self.gate = SimpleNamespace(admit=lambda uid: True, leave=lambda uid: None)
+        self.lean_connections: set = set()
+        self.idle_sweep = SimpleNamespace(watch=lambda: None)
+
+
+@pytest.fixture()
+def service(host_tree, tmp_path):
+    topology = discover(HostRoot(host_tree("h800-8gpu")), live_nvml=False)
+    store = LeaseStore(tmp_path / "state")
+    alloc = LeaseService(HostState(topology), store, EventBus(), dict(load_config(None).section("alloc")), set())
+    yield alloc
+    store.close()
+
+
+def _connection(alloc: LeaseService) -> tuple[LeanConnection, RecordingTransport]:
+    backend = SimpleNamespace(alloc=alloc, allowed_group=None, lease_text=alloc.store.answer_text,
+                              lease_json=alloc.store.json_of)
+    connection = LeanConnection(Site(), backend, internal=True)
+    transport = RecordingTransport()
+    connection.connection_made(transport)
+    connection._peer = (os.getpid(), 0, 0)  # root, as SO_PEERCRED would say
+    return connection, transport
+
+
+def _post(body: bytes) -> bytes:
+    return (b"POST /v1/leases HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body)) + body
+
+
+def _answer(written: bytes) -> tuple[int, dict]:
+    head, _, body = written.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)
+
+
+async def _until(condition, seconds: float = 5.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.001)
+
+
+def test_a_grant_is_answered_once_on_disk_without_a_task(service):
+    async def scenario():
+        connection, transport = _connection(service)
+        connection.data_received(_post(GRANT))
+        assert not isinstance(connection._task, asyncio.Task), "a plain grant runs no task"
+        assert transport.written == b"", "no answer before the commit"
+        (lease,) = service.store.all()
+        await _until(lambda: transport.written)
+        status, document = _answer(transport.written)
+        assert status == 201 and document["id"] == lease.id
+        assert connection._task is None
+        return lease.id
+
+    lease_id = asyncio.run(scenario())
+    service.store.flush()
+    assert [row[0] for row in service.store._db.execute("SELECT id FROM leases")] == [lease_id]
+    assert service.store.get(lease_id).confirmed, "the written answer confirmed the lease"
+
+
+def test_a_client_that_hangs_up_before_the_commit_leaves_no_lease(service):
+    async def scenario():
+        connection, transport = _connection(service)
+        connection.data_received(_post(GRANT))
+        assert len(service.store.all()) == 1, "granted in the mirror, commit in flight"
+        transport.close()
+        connection.connection_lost(None)
+        await _until(lambda: not service.leased_gpus())  # freed once the delete is on disk
+        assert service.store.all() == []
+
+    asyncio.run(scenario())
+    service.store.flush()
+    assert service.store.all() == []
+    assert list(service.store._db.execute("SELECT id FROM leases")) == [], "ended on disk too"
+    assert service.leased_gpus() == set()
+
+
+def test_a_grant_whose_commit_fails_gets_its_error_and_holds_nothing(service):
+    async def scenario():
+        connection, transport = _connection(service)
+        service.store.flush()
+        # Every GPU taken on disk behind the mirror's back: the grant's insert must fail.
+        db = service.store._db
+        db.execute("INSERT INTO leases VALUES ('ghost', '{}')")
+        db.executemany("INSERT INTO lease_devices VALUES (?, 'ghost')",
+                       [(gpu.address,) for gpu in service.topology.gpus])
+        connection.data_received(_post(GRANT))
+        await _until(lambda: transport.written)
+        return _answer(transport.written)
+
+    status, document = asyncio.run(scenario())
+    assert status == 409 and document["code"] == "gpu_already_leased"
+    assert service.store.all() == [] and service.leased_gpus() == set()
+
+
+def test_a_release_is_answered_once_its_end_is_on_disk(service):
+    async def scenario():
+        connection, transport = _connection(service)
+        connection.data_received(_post(GRANT))
+        await _until(lambda: transport.written)
+        _, lease = _answer(transport.written)
+        transport.written = b""
+        connection.data_received(f"DELETE /v1/leases/{lease['id']} HTTP/1.1\r\nHost: t\r\n\r\n".encode())
+        assert not isinstance(connection._task, asyncio.Task)
+        assert transport.written == b"", "no answer before the delete is on disk"
+        await _until(lambda: transport.written)
+        return lease, _answer(transport.written)
+
+    lease, (status, document) = asyncio.run(scenario())
+    assert status == 200 and document == {"released": lease["id"], "gpus": lease["gpus"]}
+    service.store.flush()
+    assert list(service.store._db.execute("SELECT id FROM leases")) == []
+
+
+def test_an_unknown_lease_release_is_refused_at_once(service):
+    async def scenario():
+        connection, transport = _connection(service)
+        connection.data_received(b"DELETE /v1/leases/nosuchlease HTTP/1.1\r\nHost: t\r\n\r\n")
+        return _answer(transport.written)
+
+    status, document = asyncio.run(scenario())
+    assert status == 404 and document["code"] == "lease_not_found"
