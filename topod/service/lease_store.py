@@ -40,6 +40,8 @@ import structlog
 from topod.alloc.nics import lease_nic_keys
 from topod.errors import TopodError
 from topod.host import file_kind
+from topod.service.batch_sql import (CONFIRM_LEASE, DELETE_LEASE, INSERT_DEVICES, INSERT_LEASE, UPDATE_LEASE,
+                                     merged)
 from topod.service.lease import Lease
 
 log = structlog.get_logger("topod")
@@ -289,9 +291,8 @@ class LeaseStore:
         body = lease.to_json()
         stored, answer = _encode(body)
         self._json[lease.id] = (lease, body, answer)  # the answer's JSON too: encoded once per lease
-        return self._queue([("INSERT INTO leases VALUES (?, ?)", (lease.id, stored)),
-                            ("INSERT INTO lease_devices VALUES (?, ?)", [(a, lease.id) for a in lease.addresses])],
-                           undo)
+        return self._queue([(INSERT_LEASE, (lease.id, stored)),
+                            (INSERT_DEVICES, [(a, lease.id) for a in lease.addresses])], undo)
 
     def update(self, lease: Lease) -> asyncio.Future | None:
         previous = self._cache.get(lease.id)
@@ -310,7 +311,7 @@ class LeaseStore:
         body = lease.to_json()
         stored, answer = _encode(body)
         self._json[lease.id] = (lease, body, answer)
-        return self._queue([("UPDATE leases SET body = ? WHERE id = ?", (stored, lease.id))], undo)
+        return self._queue([(UPDATE_LEASE, (stored, lease.id))], undo)
 
     def confirm(self, lease_id: str) -> asyncio.Future | None:
         """Mark a lease confirmed (its answer was written): one field, set in the row by
@@ -326,8 +327,7 @@ class LeaseStore:
             if self._cache.get(lease_id) is lease:
                 self._cache[lease_id] = previous
 
-        return self._queue([("UPDATE leases SET body = json_set(body, '$.confirmed', json('true')) WHERE id = ?",
-                             (lease_id,))], undo, lazy=True)
+        return self._queue([(CONFIRM_LEASE, (lease_id,))], undo, lazy=True)
 
     def remove(self, lease_id: str) -> tuple[Lease, asyncio.Future | None] | None:
         """The lease leaves the mirror at once (no one can end it twice), but its GPUs and
@@ -350,8 +350,7 @@ class LeaseStore:
                 if self._holder.get(address) == lease_id:
                     del self._holder[address]
 
-        return lease, self._queue([("DELETE FROM lease_devices WHERE lease_id = ?", (lease_id,)),
-                                   ("DELETE FROM leases WHERE id = ?", (lease_id,))], undo, freed)
+        return lease, self._queue([(DELETE_LEASE, (lease_id,))], undo, freed)  # its devices: ON DELETE CASCADE
 
     def _hold(self, lease: Lease, delta: int) -> None:
         """Count a lease's CPUs and NIC ports in (+1) or out (-1)."""
@@ -421,7 +420,8 @@ class LeaseStore:
     def _wake_writer(self) -> None:
         with self._cond:
             self._wake_due = None
-            if self._writer_idle and (self._urgent or self._closing):
+            # Confirmations alone (lazy) wake it too: it then sleeps until their deadline.
+            if self._writer_idle and (self._pending or self._closing):
                 self._writer_idle = False
                 self._cond.notify()
 
@@ -492,9 +492,10 @@ class LeaseStore:
 
     def _write(self, batch: list[_Op]) -> None:
         """One transaction for the whole batch. A change that violates a constraint fails
-        alone: the batch is first written straight (the common case: two statements a
-        change, each a GIL round trip of this thread), and only when a statement fails is
-        it written again with a savepoint per change. A failed COMMIT fails them all."""
+        alone: the batch is first written straight (the common case: its changes merged
+        into a few multi-row statements, topod.service.batch_sql, each a GIL round trip of
+        this thread), and only when a statement fails is it written again change by
+        change, with a savepoint each. A failed COMMIT fails them all."""
         try:
             try:
                 self._transaction(batch, isolate=False)
@@ -508,7 +509,14 @@ class LeaseStore:
         db = self._db
         try:
             db.execute("BEGIN IMMEDIATE")
-            for op in batch:
+            statements = None if isolate else merged(op.sql for op in batch)
+            if statements is not None:
+                try:
+                    for statement, params in statements:
+                        db.execute(statement, params)
+                except sqlite3.Error as exc:
+                    raise _StatementFailed from exc
+            for op in batch if statements is None else ():
                 if isolate:
                     db.execute("SAVEPOINT change")
                 try:
