@@ -309,12 +309,15 @@ def test_a_vanished_owner_still_ends_its_lease_at_once(ledger):
 def test_owner_pid_must_be_the_caller_or_its_descendant_unless_root(ledger):
     service, store = ledger()
     stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    # Someone else's process (not the caller's, not pid 1: the test's own parent may be
+    # init when it runs detached): a sibling of the stranger.
+    sibling = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         not_mine = Caller(uid=4242, gid=4242, pid=stranger.pid, may_allocate=True, is_admin=False)
 
         async def scenario():
             with pytest.raises(PermissionDeniedError, match="descendants"):
-                await service.allocate({"gpus": 1, "level": "any", "owner_pid": os.getppid()}, not_mine)
+                await service.allocate({"gpus": 1, "level": "any", "owner_pid": sibling.pid}, not_mine)
             with pytest.raises(PermissionDeniedError, match="never exits"):
                 await service.allocate({"gpus": 1, "level": "any", "owner_pid": 1}, ROOT)
             with pytest.raises(PermissionDeniedError, match="never exits"):
@@ -327,8 +330,9 @@ def test_owner_pid_must_be_the_caller_or_its_descendant_unless_root(ledger):
         lease = asyncio.run(scenario())
         assert lease.owner_pid == stranger.pid and lease.owner_uid == MEMBER.uid
     finally:
-        stranger.kill()
-        stranger.wait()
+        for process in (stranger, sibling):
+            process.kill()
+            process.wait()
 
 
 def test_a_priority_above_the_ceiling_needs_root(ledger):
