@@ -178,3 +178,26 @@ def test_an_unknown_lease_release_is_refused_at_once(service):
 
     status, document = asyncio.run(scenario())
     assert status == 404 and document["code"] == "lease_not_found"
+
+
+def test_a_request_refused_just_before_a_release_is_served_when_it_starts_to_wait(service):
+    """The hot path starts a task for a request that must wait: a release that lands
+    between the refusal and the wait must not leave it waiting for the next one."""
+    from topod.api.peer import Caller
+    from topod.service.leases import Queued
+
+    root = Caller(uid=0, gid=0, pid=os.getpid(), may_allocate=True, is_admin=True)
+
+    async def scenario():
+        held = await service.allocate({"gpus": 8, "level": "any", "ttl_seconds": 600}, root)
+        started = service.start_allocation({"gpus": 2, "level": "any", "wait": 5}, root)
+        assert isinstance(started, Queued)
+        _, ended = service.start_release(held.id, root)
+        await ended  # its GPUs are free now, and no waiter was there to be served
+        began = time.monotonic()
+        lease = await service.finish_allocation(started, root)
+        return lease, time.monotonic() - began
+
+    lease, waited = asyncio.run(scenario())
+    assert len(lease.gpus) == 2 and waited < 1.0, waited
+    assert service.waiters == []

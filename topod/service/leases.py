@@ -84,6 +84,7 @@ class Queued:
 
     request: Any
     service: ServiceRequest
+    free: FreeState  # what was taken when it was refused
 
 
 class LeaseFiles(Protocol):
@@ -342,7 +343,10 @@ class LeaseService:
                                 connected: Callable[[], bool] = _always_connected) -> Lease:
         """The lease start_allocation began: waited for (Queued), then delivered."""
         if isinstance(started, Queued):
-            return await self._wait(started.request, started.service, caller, connected)
+            # Between the refusal and this (the API's hot path starts a task for it) leases
+            # may have ended: then the queue is served at once, this request included.
+            changed = started.free is not self.free_state()
+            return await self._wait(started.request, started.service, caller, connected, recheck=changed)
         return await self._deliver(*started)
 
     def start_allocation(self, body: Any, caller: Caller) -> tuple[Lease, asyncio.Future | None] | Queued:
@@ -368,7 +372,7 @@ class LeaseService:
         except AllocationError as exc:
             if service.wait_seconds <= 0 or exc.code not in WAITABLE_CODES or not getattr(exc, "retryable", True):
                 raise self._refuse("rejected", exc, caller, gpus=request.gpus, job=request.job) from None
-            return Queued(request, service)
+            return Queued(request, service, self.free_state())
         return self._grant(request, decision, service, caller)
 
     def deliver(self, lease: Lease, commit: asyncio.Future | None,
@@ -433,7 +437,8 @@ class LeaseService:
         commit = self.store.confirm(lease.id)
         self._after(commit, None, lambda exc: log.error("lease_not_stored", lease=lease.id, error=str(exc)))
 
-    async def _wait(self, request, service: ServiceRequest, caller: Caller, connected: Callable[[], bool]) -> Lease:
+    async def _wait(self, request, service: ServiceRequest, caller: Caller, connected: Callable[[], bool],
+                    recheck: bool = False) -> Lease:
         if len(self.waiters) >= int(self.settings.get("max_queue", 256)):
             raise self._refuse("queue_full", QueueFullError(f"{len(self.waiters)} requests already waiting; "
                                                             "try again later"), caller, gpus=request.gpus, job=request.job)
@@ -441,7 +446,10 @@ class LeaseService:
         self.waiters.append(waiter)
         self.bus.publish("request_queued", request=waiter.id, gpus=request.gpus, priority=request.priority,
                          uid=caller.uid, job=request.job, wait=service.wait_seconds)
-        self._maybe_preempt(waiter)
+        if recheck:
+            self.process_queue()
+        if not waiter.future.done():
+            self._maybe_preempt(waiter)
         try:
             async with asyncio.timeout(service.wait_seconds):
                 lease, commit = await asyncio.shield(waiter.future)
