@@ -1,11 +1,14 @@
 """API round trips over the real socket, beside their anchor: a bare aiohttp server on a
 Unix socket answering the same two requests (POST /v1/leases, DELETE /v1/leases/{id})
-with canned JSON, driven by the same client. Then topod (IRQ balancing off) with
-durability FULL (the default; group commit) and NORMAL. For each: 64 concurrent clients
-each allocate one GPU and release it on a 64-GPU synthetic host (saturation: round trips
-per second), one client alone (p50/p99), and an open loop: allocate+release started on a
-fixed schedule of 300 round trips per second for 10 s whatever the answers do, each
-latency counted from its scheduled start (no coordinated omission; goal p99 <= 2 ms).
+with the lease JSON topod gives for the same request on the same host (captured in the
+run), driven by the same client. Then topod (IRQ balancing off) with durability FULL (the
+default; group commit) and NORMAL. Two setups (SETUPS): "issue", issue 26's own (the seed
+h800 host, 8 concurrent clients, a one-GPU request with topod's defaults: auto cores), and
+"64" (64 clients on a 64-GPU synthetic host, level any, no cores). For each: the clients
+each allocate one GPU and release it (saturation: round trips per second), one client
+alone (p50/p99), and an open loop: allocate+release started on a fixed schedule of 300
+round trips per second for 10 s whatever the answers do, each latency counted from its
+scheduled start (no coordinated omission).
 Under saturation it also reads the CPU each party spent per round trip (/proc: the
 server's event-loop thread, its other threads, its child processes; the client's own
 times), which a noisy shared machine moves far less than it moves rates.
@@ -16,9 +19,10 @@ fsync on the state dir's filesystem, against which each single-client allocate a
 release p50 is set (goal: floor + 0.5 ms), and the issue-26 goals line per topod row
 (>= 0.75 of the bare server's rate; the event loop's CPU with and without the
 allocation decision's share, read from /metrics; open-loop p99 within 3x the bare
-server's). Also GET /v1/topology's body built per reader on the loop against the one
-cached per topology version (`python bench/api.py topology`: that alone).
-`python bench/api.py saturation N`: only the saturation figure, bare and topod (FULL)
+server's). On the 64-GPU setup also GET /v1/topology's body built per reader on the loop
+against the one cached per topology version (`python bench/api.py topology`: that alone).
+`python bench/api.py [issue|64]`: every row for that setup (both when none is named).
+`python bench/api.py saturation N [issue|64]`: only the saturation figure, bare and topod (FULL)
 alternated N times, medians of the ratio and of each party's event-loop CPU."""
 
 from __future__ import annotations
@@ -482,7 +486,7 @@ def main() -> int:
             print(topology_figures(build_host(spec_64(), Path(tmp) / "host")))
         return 0
     if args[:1] == ["saturation"]:
-        SETUP = SETUPS[args[3] if len(args) > 3 else "issue"]
+        SETUP = SETUPS[args[2] if len(args) > 2 else "issue"]
         return saturation_rounds(int(args[1]) if len(args) > 1 else 3)
     for name in args or list(SETUPS):
         SETUP = SETUPS[name]
