@@ -388,7 +388,10 @@ class Daemon:
                 return  # a newer change warms up (and freezes) after this one
         except Exception as exc:  # noqa: BLE001 - a decision computes its own view; the daemon goes on
             log.error("warm_up_failed", reason=reason, error=repr(exc))
-        freeze_long_lived(reason)
+        try:
+            freeze_long_lived(reason)
+        except Exception as exc:  # noqa: BLE001 - an unfrozen heap costs collection time, never the daemon
+            log.error("heap_freeze_failed", reason=reason, error=repr(exc))
 
     # -- running ------------------------------------------------------------------
     async def run(self, listen: socket.socket | None = None) -> None:

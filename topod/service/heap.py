@@ -21,11 +21,13 @@ def _return_free_heap() -> None:
     """Start-up (discovery, the engine's warm-up) frees much more than it keeps; glibc holds
     the freed pages in its heap until told to give them back (malloc_trim(3)): ~1 MiB of
     PSS at idle on the h800 host otherwise (issue 26). Without glibc, nothing to do."""
-    import ctypes
-
     try:
+        # Imported here, and so possibly while descriptors run out (a flood of clients):
+        # then EMFILE, and the heap is simply not trimmed this time.
+        import ctypes
+
         ctypes.CDLL(None).malloc_trim(0)  # the process's own symbols: libc's, where it is glibc
-    except (OSError, AttributeError):
+    except (OSError, ImportError, AttributeError):
         pass
 
 
