@@ -267,17 +267,19 @@ class LeanConnection(asyncio.Protocol):
             self._start(self._allocate_later(body, started, caller), "POST", "/v1/leases")
             return
         self._await_commit()
-        backend.alloc.deliver(*started, self._delivered)
+        backend.alloc.deliver(*started, partial(self._committed, "POST", "/v1/leases", self._answer_grant))
 
-    def _delivered(self, lease: Any, error: BaseException | None) -> None:
+    def _committed(self, method: str, path: str, answer: Callable[[Any], Any], lease: Any,
+                   error: BaseException | None) -> None:
+        """A grant's or release's commit is done: its answer, or its error's."""
         try:
             if error is not None:
-                self._answer_error(error, "POST", "/v1/leases")
+                self._answer_error(error, method, path)
             else:
-                self._answer_grant(lease)
+                answer(lease)
         except Exception as exc:  # noqa: BLE001 - a fault here is a 500, as the middleware's
             if self._task is not None:
-                self._answer_error(exc, "POST", "/v1/leases")
+                self._answer_error(exc, method, path)
 
     async def _allocate_later(self, body: Any, started: Any = None, caller: Any = None) -> None:
         backend = self._backend
@@ -314,17 +316,11 @@ class LeanConnection(asyncio.Protocol):
             self._answer_error(exc, "DELETE", f"/v1/leases/{lease_id}")
             return
         self._await_commit()
-        self._backend.alloc.when_committed(lease, commit, partial(self._released, lease_id))
+        self._backend.alloc.when_committed(lease, commit, partial(
+            self._committed, "DELETE", f"/v1/leases/{lease_id}", self._answer_released))
 
-    def _released(self, lease_id: str, lease: Any, error: BaseException | None) -> None:
-        try:
-            if error is not None:
-                self._answer_error(error, "DELETE", f"/v1/leases/{lease_id}")
-            else:
-                self._answer(200, released_text(lease).encode())
-        except Exception as exc:  # noqa: BLE001 - a fault here is a 500, as the middleware's
-            if self._task is not None:
-                self._answer_error(exc, "DELETE", f"/v1/leases/{lease_id}")
+    def _answer_released(self, lease: Any) -> None:
+        self._answer(200, released_text(lease).encode())
 
     async def _release_later(self, lease_id: str) -> None:
         try:
@@ -334,20 +330,19 @@ class LeanConnection(asyncio.Protocol):
         except Exception as exc:  # noqa: BLE001
             self._answer_error(exc, "DELETE", f"/v1/leases/{lease_id}")
             return
-        self._answer(200, released_text(lease).encode())
+        self._answer_released(lease)
+
+    def _peer_ids(self) -> tuple[int | None, int, int]:
+        if not isinstance(self._peer, tuple):
+            raise PeerDeniedError(f"cannot identify the caller: {self._peer or 'not a Unix socket peer'}")
+        return self._peer
 
     def _caller_now(self):
         """The caller, or None when its groups must be looked up first (_caller)."""
-        if not isinstance(self._peer, tuple):
-            raise PeerDeniedError(f"cannot identify the caller: {self._peer or 'not a Unix socket peer'}")
-        pid, uid, gid = self._peer
-        return caller_now(pid, uid, gid, self._backend.allowed_group)
+        return caller_now(*self._peer_ids(), self._backend.allowed_group)
 
     async def _caller(self):
-        if not isinstance(self._peer, tuple):
-            raise PeerDeniedError(f"cannot identify the caller: {self._peer or 'not a Unix socket peer'}")
-        pid, uid, gid = self._peer
-        return await caller_async(pid, uid, gid, self._backend.allowed_group)
+        return await caller_async(*self._peer_ids(), self._backend.allowed_group)
 
     def _connected(self) -> bool:
         return self._admitted and not self._transport.is_closing()

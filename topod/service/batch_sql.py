@@ -22,6 +22,7 @@ UPDATE_LEASE = "UPDATE leases SET body = ? WHERE id = ?"
 CONFIRM_LEASE = "UPDATE leases SET body = json_set(body, '$.confirmed', json('true')) WHERE id = ?"
 # lease_devices rows go with their lease (ON DELETE CASCADE, foreign keys on).
 DELETE_LEASE = "DELETE FROM leases WHERE id = ?"
+_CONFIRM_LEASES = CONFIRM_LEASE.replace("WHERE id = ?", "WHERE id IN")
 
 # Rows per statement: far below SQLite's limit on bound parameters (32766 since 3.32; 999
 # before), so a huge batch is a few statements, never an error.
@@ -43,9 +44,7 @@ def merged(changes: Iterable[Sequence[Statement]]) -> list[Statement] | None:
                 leases.append(params)
             elif statement == INSERT_DEVICES:
                 devices.extend(params if isinstance(params, list) else [params])
-            elif statement == UPDATE_LEASE:
-                middle.append((statement, params))
-            elif statement == CONFIRM_LEASE:
+            elif statement in (UPDATE_LEASE, CONFIRM_LEASE):
                 middle.append((statement, params))
             elif statement == DELETE_LEASE:
                 deleted.append(params[0])
@@ -58,7 +57,7 @@ def merged(changes: Iterable[Sequence[Statement]]) -> list[Statement] | None:
     out += _values("INSERT INTO leases VALUES", "(?, ?)", leases)
     out += _values("INSERT INTO lease_devices VALUES", "(?, ?)", devices)
     out += _confirmations_merged(middle)
-    out += _in_list("DELETE FROM leases WHERE id IN", [(lease_id,) for lease_id in deleted])
+    out += _in_list("DELETE FROM leases WHERE id IN", deleted)
     return out
 
 
@@ -67,23 +66,23 @@ def _values(head: str, row: str, rows: list[tuple]) -> list[Statement]:
             for chunk in _chunks(rows)]
 
 
-def _in_list(head: str, rows: list[tuple]) -> list[Statement]:
-    return [(f"{head} ({', '.join('?' * len(chunk))})", tuple(r[0] for r in chunk)) for chunk in _chunks(rows)]
+def _in_list(head: str, ids: list[str]) -> list[Statement]:
+    return [(f"{head} ({', '.join('?' * len(chunk))})", tuple(chunk)) for chunk in _chunks(ids)]
 
 
 def _confirmations_merged(middle: list[Statement]) -> list[Statement]:
     """Updates stay in order; a run of consecutive confirmations is one statement."""
     out: list[Statement] = []
-    run: list[tuple] = []
+    run: list[str] = []
     for statement, params in middle:
         if statement == CONFIRM_LEASE:
-            run.append(params)
+            run.append(params[0])
             continue
-        out += _in_list(CONFIRM_LEASE.replace("WHERE id = ?", "WHERE id IN"), run)
+        out += _in_list(_CONFIRM_LEASES, run)
         run = []
         out.append((statement, params))
-    return out + _in_list(CONFIRM_LEASE.replace("WHERE id = ?", "WHERE id IN"), run)
+    return out + _in_list(_CONFIRM_LEASES, run)
 
 
-def _chunks(rows: list[tuple]) -> list[list[tuple]]:
+def _chunks(rows: list) -> list[list]:
     return [rows[i:i + CHUNK] for i in range(0, len(rows), CHUNK)]

@@ -352,8 +352,8 @@ class LeaseService:
     def start_allocation(self, body: Any, caller: Caller) -> tuple[Lease, asyncio.Future | None] | Queued:
         """allocate's part that needs no waiting: a refusal raised, a grant made at once
         ((lease, commit): in the mirror now, on disk when commit resolves; the API's hot
-        path answers from the commit, see ready_to_answer), or Queued: the request waits
-        its turn (allocate's _wait)."""
+        path answers from the commit, see deliver), or Queued: the request waits its turn
+        (finish_allocation)."""
         if not caller.may_allocate:
             raise self._refuse("denied", PermissionDeniedError("only root and members of the topod group may allocate"),
                                caller)
@@ -381,6 +381,9 @@ class LeaseService:
         its answer shows it, None); if its commit or its files failed: answer(None, the
         error), the lease undone or ended. Callbacks on the loop, no task: the API's hot
         path answers from here, and then says whether the answer went out (answered())."""
+        def current() -> Lease:  # the store's version: a confirmation may have come meanwhile
+            return self.store.get(lease.id) or lease
+
         def files_written(written: asyncio.Future) -> None:
             if written.cancelled():
                 error: BaseException | None = LeaseStoreError("the lease's files were not written (topod is stopping)")
@@ -390,13 +393,13 @@ class LeaseService:
                 self._take_back(lease, f"its files could not be written: {error}")
                 answer(None, error)
             else:
-                answer(self.store.get(lease.id) or lease, None)
+                answer(current(), None)
 
         def committed(_: Lease | None, error: BaseException | None) -> None:
             if error is not None:
                 answer(None, error)
             elif self.files is None or not self.files.lease_has_files(lease):
-                answer(self.store.get(lease.id) or lease, None)
+                answer(current(), None)
             else:
                 written = asyncio.get_running_loop().run_in_executor(None, self.files.write_lease, lease)
                 written.add_done_callback(files_written)
