@@ -391,8 +391,9 @@ def test_every_refused_request_is_a_journal_event_with_its_reason(scenario):
     with pytest.raises(ApiError) as refused:
         s.client.allocate(9, job="too-big")
     assert refused.value.code == "insufficient_gpus"
-    log = s.daemon.log()
-    line = next(l for l in log.splitlines() if "request_rejected" in l)
+    # The log line is rendered once the answer is out (topod.events): it follows shortly.
+    assert _wait_until(lambda: "request_rejected" in s.daemon.log()), s.daemon.log()
+    line = next(l for l in s.daemon.log().splitlines() if "request_rejected" in l)
     assert "code=insufficient_gpus" in line and "job=too-big" in line and "result=rejected" in line
     s.check()
 

@@ -64,6 +64,26 @@ def test_entries_parse_back_exactly():
         ("MESSAGE", b"two\nlines\n"), ("EMPTY", b""), ("BIN", b"\x00\xff=\n"), ("EQ", b"a=b")]
 
 
+@pytest.mark.parametrize("fields", [
+    [("MESSAGE", "lease_granted lease=L1 gpus=[0]"), ("PRIORITY", "6"), ("TOPOD_LEASE", "L1")],
+    [("MESSAGE", "numa_nœud \udcff"), ("TOPOD_NOTE", "")],  # non-ASCII and a surrogate, as before
+    [("MESSAGE", "x"), ("TOPOD_NOTE", "a\nb"), ("TOPOD_IRQ", "42")],  # a newline: the binary-safe form
+    [("MESSAGE", "x"), ("BIN", b"\x00=")],  # bytes as they are
+])
+def test_an_entry_encodes_as_its_fields_one_by_one_the_first_time_and_the_next(fields):
+    """The one-piece encoding of entries whose names were accepted before gives the same
+    bytes as encode_field field by field."""
+    expected = b"".join(encode_field(name, value) for name, value in fields)
+    assert encode_entry(fields) == expected  # names not seen before: checked one by one
+    assert encode_entry(fields) == expected  # seen: the one-piece path when every value is one line of text
+
+
+def test_an_invalid_name_is_refused_even_beside_names_accepted_before():
+    encode_entry([("MESSAGE", "x")])
+    with pytest.raises(ValueError, match="invalid journal field name"):
+        encode_entry([("MESSAGE", "x"), ("A=B", "y")])
+
+
 @pytest.mark.parametrize("name", ["", "A=B", "A\nB"])
 def test_invalid_field_names_are_refused(name):
     with pytest.raises(ValueError, match="invalid journal field name"):
@@ -188,6 +208,26 @@ def test_sender_reports_an_unreachable_journal_as_oserror(journald):
     sock.close()
     with pytest.raises(OSError):
         sender.send(encode_entry([("MESSAGE", "x")]))
+
+
+def test_a_journal_that_stops_reading_fails_a_send_within_its_timeout_never_hangs(journald):
+    """Back-pressure: nobody reads the socket and its queue fills; a send waits at most
+    the sender's timeout (the kernel's send timeout), then fails as OSError (the logger
+    then prints the line to stderr)."""
+    import time
+
+    path, _receive, _sock = journald
+    sender = JournalSender(path, timeout=0.2)
+    entry = encode_entry([("MESSAGE", "x" * 4000)])
+    started = time.monotonic()
+    with pytest.raises(OSError):
+        for _ in range(100_000):  # the receive queue holds far fewer
+            sender.send(entry)
+    assert time.monotonic() - started < 10
+    waited = time.monotonic()
+    with pytest.raises(OSError):
+        sender.send(entry)
+    assert 0.1 <= time.monotonic() - waited < 2, "waited about its timeout, no longer"
 
 
 def test_lines_are_not_lost_when_journald_goes_away(journald):

@@ -454,6 +454,7 @@ class Daemon:
             await asyncio.to_thread(self.store.close)
             if self.state_lock is not None:
                 self.state_lock.close()
+            self.bus.drain()  # the log lines of the last events, before the one that ends it
             log.info("daemon_stopped")
 
     def access_summary(self) -> str:
