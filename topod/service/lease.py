@@ -4,6 +4,7 @@ API shows and what the lease store keeps (schema 2; schema 1 of topod 0.1 is rea
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,7 +58,20 @@ class Lease:
 
     def to_json(self) -> dict[str, Any]:
         """The lease as the API shows it and the store keeps it (schema 2)."""
-        decision = self.decision
+        return {**self._head(), "placements": _placements_json(self.decision, self.gpu_uuids), **self._tail(),
+                "decision": _decision_json(self.decision), "environment": dict(self.environment)}
+
+    def json_text(self) -> str:
+        """json.dumps(self.to_json(), allow_nan=False), to the byte, built from its
+        decision's encoded parts: a decision the engine's memo gives again and again is
+        encoded once, not per lease (the grant path's largest encoding). ValueError when
+        a number is not finite, as json.dumps."""
+        placements, decision = _decision_parts(self.decision, self.gpu_uuids)
+        head, tail = _STRICT.encode(self._head()), _STRICT.encode(self._tail())
+        return (f'{head[:-1]}, "placements": {placements}, {tail[1:-1]}, "decision": {decision}, '
+                f'"environment": {_STRICT.encode(self.environment)}}}')
+
+    def _head(self) -> dict[str, Any]:
         return {
             "id": self.id, "state": self.state,
             "owner_uid": self.owner_uid, "owner_gid": self.owner_gid,
@@ -66,20 +80,12 @@ class Lease:
             "job": self.job, "priority": self.priority, "preemptible": self.preemptible,
             "gpus": list(self.gpus), "cpus": list(self.cpus), "memory_nodes": list(self.memory_nodes),
             "missing_gpus": list(self.missing_gpus),
-            "placements": [{**placement.to_json(), "uuid": uuid}
-                           for placement, uuid in zip(decision.placements, self.gpu_uuids)],
-            "created": self.created, "expires": self.expires, "ttl_seconds": self.ttl_seconds,
-            "preempt_deadline": self.preempt_deadline, "confirmed": self.confirmed,
-            "enforcement": self.enforcement, "scope": self.scope,
-            "decision": {
-                "cost": round(decision.cost, 6), "best_cost": round(decision.best_cost, 6),
-                "level": decision.level, "requested_level": decision.requested_level,
-                "satisfaction": round(decision.satisfaction, 6), "numa_nodes": list(decision.numa_nodes),
-                "performance": decision.performance.to_json(), "exact": decision.exact,
-                "cpu_fallback": decision.cpu_fallback, "reasons": list(decision.reasons),
-            },
-            "environment": dict(self.environment),
         }
+
+    def _tail(self) -> dict[str, Any]:
+        return {"created": self.created, "expires": self.expires, "ttl_seconds": self.ttl_seconds,
+                "preempt_deadline": self.preempt_deadline, "confirmed": self.confirmed,
+                "enforcement": self.enforcement, "scope": self.scope}
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> Lease:
@@ -128,3 +134,38 @@ def _upgrade_v1(body: dict[str, Any]) -> dict[str, Any]:
     upgraded["environment"] = decision.pop("environment", {})
     upgraded["decision"] = decision
     return upgraded
+
+
+def _placements_json(decision: Decision, uuids: tuple[str | None, ...]) -> list[dict[str, Any]]:
+    return [{**placement.to_json(), "uuid": uuid} for placement, uuid in zip(decision.placements, uuids)]
+
+
+def _decision_json(decision: Decision) -> dict[str, Any]:
+    return {
+        "cost": round(decision.cost, 6), "best_cost": round(decision.best_cost, 6),
+        "level": decision.level, "requested_level": decision.requested_level,
+        "satisfaction": round(decision.satisfaction, 6), "numa_nodes": list(decision.numa_nodes),
+        "performance": decision.performance.to_json(), "exact": decision.exact,
+        "cpu_fallback": decision.cpu_fallback, "reasons": list(decision.reasons),
+    }
+
+
+_STRICT = json.JSONEncoder(allow_nan=False)
+# id(decision) -> (the decision, its GPUs' uuids, placements' JSON, decision's JSON). The
+# entry holds the decision, so its id names no other object while it is here.
+_PARTS: dict[int, tuple[Decision, tuple[str | None, ...], str, str]] = {}
+_PARTS_KEPT = 256
+
+
+def _decision_parts(decision: Decision, uuids: tuple[str | None, ...]) -> tuple[str, str]:
+    entry = _PARTS.get(id(decision))
+    if entry is not None and entry[0] is decision and entry[1] == uuids:
+        return entry[2], entry[3]
+    parts = (_STRICT.encode(_placements_json(decision, uuids)), _STRICT.encode(_decision_json(decision)))
+    if len(_PARTS) >= _PARTS_KEPT:
+        try:
+            _PARTS.pop(next(iter(_PARTS)), None)  # the oldest
+        except (StopIteration, RuntimeError):  # emptied or changed meanwhile: nothing to make room for
+            pass
+    _PARTS[id(decision)] = (decision, uuids, *parts)
+    return parts

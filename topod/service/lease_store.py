@@ -246,11 +246,11 @@ class LeaseStore:
     def json_of(self, lease: Lease) -> dict[str, Any]:
         """The lease's JSON, built once per version of the lease."""
         cached = self._json.get(lease.id)
-        if cached is not None and cached[0] is lease:
+        if cached is not None and cached[0] is lease and cached[1] is not None:
             return cached[1]
         body = lease.to_json()
         if self._cache.get(lease.id) is lease:
-            self._json[lease.id] = (lease, body, None)
+            self._json[lease.id] = (lease, body, cached[2] if cached is not None and cached[0] is lease else None)
         return body
 
     def answer_text(self, lease: Lease) -> str | None:
@@ -262,10 +262,9 @@ class LeaseStore:
             return None
         cached = self._json.get(lease.id)
         if cached is None or cached[0] is not lease:
-            self.json_of(lease)
-            cached = self._json[lease.id]
+            cached = (lease, None, None)
         if cached[2] is None:
-            cached = (lease, cached[1], _answer(cached[1]) or "")  # "": known not sendable as it is
+            cached = (lease, cached[1], _answer(lease) or "")  # "": known not sendable as it is
             self._json[lease.id] = cached
         return cached[2] or None
 
@@ -288,9 +287,8 @@ class LeaseStore:
                 if self._holder.get(address) == lease.id:
                     del self._holder[address]
 
-        body = lease.to_json()
-        stored, answer = _encode(body)
-        self._json[lease.id] = (lease, body, answer)  # the answer's JSON too: encoded once per lease
+        stored, answer = _encode(lease)
+        self._json[lease.id] = (lease, None, answer)  # the answer's JSON too: encoded once per lease
         return self._queue([(INSERT_LEASE, (lease.id, stored)),
                             (INSERT_DEVICES, [(a, lease.id) for a in lease.addresses])], undo)
 
@@ -308,9 +306,8 @@ class LeaseStore:
                 self._cache[lease.id] = previous
                 self.generation += 1
 
-        body = lease.to_json()
-        stored, answer = _encode(body)
-        self._json[lease.id] = (lease, body, answer)
+        stored, answer = _encode(lease)
+        self._json[lease.id] = (lease, None, answer)
         return self._queue([(UPDATE_LEASE, (stored, lease.id))], undo)
 
     def confirm(self, lease_id: str) -> asyncio.Future | None:
@@ -585,17 +582,17 @@ class LeaseStore:
         self._db.close()
 
 
-def _encode(body: dict[str, Any]) -> tuple[str, str | None]:
+def _encode(lease: Lease) -> tuple[str, str | None]:
     """(the row's text, the answer's text): one encoding for both when every number is
     finite, as it always is in practice. A NaN is stored as it was (the row reads back
     the same) and the answer is left to the API, which sends null for it."""
-    answer = _answer(body)
-    return (answer if answer is not None else json.dumps(body)), answer
+    answer = _answer(lease)
+    return (answer if answer is not None else json.dumps(lease.to_json())), answer
 
 
-def _answer(body: dict[str, Any]) -> str | None:
+def _answer(lease: Lease) -> str | None:
     try:
-        return json.dumps(body, allow_nan=False)
+        return lease.json_text()
     except ValueError:
         return None
 

@@ -124,6 +124,8 @@ class LeaseService:
         self.host_enforcement = "none"
         self._free: tuple[tuple, FreeState] | None = None  # (what it was built from, the FreeState)
         self._by_index: tuple[Any, tuple[dict[int, Any], dict[str, int]]] = (None, ({}, {}))
+        # id(decision) -> (the decision, its uuids, the topology, its environment): environment()
+        self._environments: dict[int, tuple[Any, tuple, Any, dict[str, str]]] = {}
         self.configure(settings, reserved_cpus)
         state.add_listener(self._state_changed)
 
@@ -273,7 +275,23 @@ class LeaseService:
         log.error("lease_not_stored", lease=lease.id, error=str(exc))
 
     def environment(self, lease: Lease) -> dict[str, str]:
-        """What a job needs to use its lease: devices, CPUs, memory nodes."""
+        """What a job needs to use its lease: devices, CPUs, memory nodes. All but the
+        lease's own id and files follow from its decision on this topology: built once
+        per decision the engine's memo gives again."""
+        decision, topology = lease.decision, self.topology
+        kept = self._environments.get(id(decision))
+        if kept is None or kept[0] is not decision or kept[1] != lease.gpu_uuids or kept[2] is not topology:
+            kept = (decision, lease.gpu_uuids, topology, self._decision_environment(lease))
+            if len(self._environments) >= 256:
+                self._environments.clear()  # the memo's decisions come again and refill it
+            self._environments[id(decision)] = kept
+        env = dict(kept[3])
+        env["TOPOD_LEASE"] = lease.id  # in its place: a dict keeps the order of its keys
+        if self.files is not None:
+            env.update(self.files.lease_environment(lease))
+        return env
+
+    def _decision_environment(self, lease: Lease) -> dict[str, str]:
         placements = lease.decision.placements
         uuids = [u for u in lease.gpu_uuids if u]
         visible = uuids if len(uuids) == len(placements) else [str(p.index) for p in placements]
@@ -293,8 +311,6 @@ class LeaseService:
             env["TOPOD_GPU_MEMORY_NODES"] = ";".join(f"{index}:{'' if node is None else node}"
                                                      for index, node in gpu_memory.items())
         env.update(nic_environment(placements))
-        if self.files is not None:
-            env.update(self.files.lease_environment(lease))
         return env
 
     def _authorize(self, service: ServiceRequest, request, caller: Caller) -> None:
