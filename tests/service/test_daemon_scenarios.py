@@ -398,6 +398,17 @@ def test_every_refused_request_is_a_journal_event_with_its_reason(scenario):
     s.check()
 
 
+def test_a_grant_is_a_log_line_that_keeps_its_decision_level(scenario):
+    """lease_granted carries the decision's level; the log's own `level` (info) must not
+    overwrite it: it is logged as event_level."""
+    s = scenario()
+    lease = s.allocate(1)
+    assert _wait_until(lambda: "lease_granted" in s.daemon.log()), s.daemon.log()
+    line = next(l for l in s.daemon.log().splitlines() if "lease_granted" in l)
+    assert f"event_level={lease['decision']['level']}" in line and f"lease={lease['id']}" in line, line
+    s.check()
+
+
 def test_a_killed_irq_worker_is_replaced_with_the_topology_and_health_stays_ok(scenario):
     s = scenario(config='[irq]\nmode = "dry-run"\ninterval_seconds = 0.5\n' + live_profile())
     for kill in range(3):

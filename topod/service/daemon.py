@@ -48,6 +48,7 @@ REAP_INTERVAL = 1.0
 # instead of waking every second on an idle host (issue 26).
 REAP_IDLE_SECONDS = 20.0
 GIL_SWITCH_SECONDS = 0.0005
+LOG_OWN_FIELDS = frozenset({"level", "timestamp", "logger", "exception", "exc_info"})
 LOAD_INTERVAL = 10.0
 EXPORTS_IDLE_SECONDS = 60.0
 LIVENESS_INTERVAL = 5.0
@@ -335,7 +336,10 @@ class Daemon:
 
     # -- events -------------------------------------------------------------------
     def _log_event(self, record: dict) -> None:
-        fields = {k: v for k, v in record.items() if k not in ("event", "time")}
+        # A field named as one the log adds itself (lease_granted's `level`, the decision's)
+        # is logged as event_<name>: the log's own would overwrite it.
+        fields = {(f"event_{k}" if k in LOG_OWN_FIELDS else k): v for k, v in record.items()
+                  if k not in ("event", "time")}
         getattr(log, EVENT_LEVELS.get(record["event"], "info"))(record["event"], **fields)
 
     def _on_event(self, record: dict) -> None:
