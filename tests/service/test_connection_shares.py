@@ -181,7 +181,7 @@ def test_event_streams_beyond_a_users_share_get_429(daemon_factory):
 
 
 def test_a_connect_flood_at_the_descriptor_limit_never_fails_the_liveness_check(daemon_factory):
-    """nofile 128: 64 connections at most (64 kept in reserve). A flood of connections far
+    """nofile 128: 48 connections at most (80 kept in reserve). A flood of connections far
     beyond that for longer than the self-check's interval and timeout: refused ones are
     closed at once and connections are accepted in small batches, so the daemon never
     runs out of descriptors (before: one accept burst of up to 512 and refused

@@ -335,7 +335,7 @@ def test_the_gate_refuses_beyond_the_ceiling_and_the_ceiling_fits_the_descriptor
     from topod.service.server import ConnectionGate, connection_ceiling
 
     assert connection_ceiling(256, 1024) == 256
-    assert connection_ceiling(256, 128) == 64
+    assert connection_ceiling(256, 128) == 48  # 80 kept for the daemon, lingering refusals, accepts in flight
     assert connection_ceiling(256, None) == 256
     gate = ConnectionGate(lambda: 2, nofile=None)
     with capture_logs() as logs:

@@ -97,17 +97,23 @@ def take_listening_socket(config: Config) -> tuple[socket.socket, str]:
     return sock, path
 
 
-# Descriptors kept free for everything but API connections: the lease database, /proc
-# and /sys reads, pidfds of lease owners, netlink, the journal, metrics, NVML, and one
-# accept batch of connections not yet admitted or refused.
-RESERVED_DESCRIPTORS = 64
-ACCEPT_BATCH = 16
 # A refused connection lingers (reading and dropping what the client sends until its EOF,
 # at most REFUSAL_LINGER_SECONDS) so that the client reads the 503 and then a clean end,
 # not ECONNRESET (Linux resets an AF_UNIX peer when a socket closes with unread input).
 # At most LINGER_BUDGET linger at once: beyond that (a flood) each is closed at once.
 REFUSAL_LINGER_SECONDS = 0.5
 LINGER_BUDGET = 16
+# asyncio accepts up to ACCEPT_BATCH connections per turn of the loop, and a connection
+# holds its descriptor for ACCEPT_PIPELINE turns before a refusal frees it (accepted; its
+# transport made by a task; connection_made; connection_lost, which closes it): under a
+# flood that many batches are open at once, beside the admitted connections.
+ACCEPT_BATCH = 8
+ACCEPT_PIPELINE = 4
+# Descriptors kept free for everything but admitted API connections: the lease database,
+# /proc and /sys reads, pidfds of lease owners, netlink, the journal, metrics, NVML (32),
+# the refused connections lingering, and the accept pipeline's connections in flight.
+# (Before: 64 with batches of 16; a flood at nofile 128 met EMFILE in about half the runs.)
+RESERVED_DESCRIPTORS = 32 + LINGER_BUDGET + ACCEPT_PIPELINE * ACCEPT_BATCH
 ACCEPT_RESOURCE_MESSAGE = "socket.accept() out of system resource"
 
 
