@@ -95,6 +95,7 @@ class _Op:
     error: BaseException | None = field(default=None)
     written: threading.Event | None = None  # set once the op's batch is written (flush)
     on_success: Callable[[], None] | None = None  # on the loop, once the change is on disk
+    then: list[Callable[[asyncio.Future], None]] | None = None  # on_commit's callbacks
 
 
 class LeaseStore:
@@ -163,6 +164,7 @@ class LeaseStore:
         for lease in self._cache.values():
             self._hold(lease, +1)
         self._pending: list[_Op] = []
+        self._unsettled: dict[asyncio.Future, _Op] = {}  # commit -> its change, until settled (on_commit)
         self._cond = threading.Condition()
         self._writer_idle = False  # the writer waits on _cond: a change must wake it
         self._wake_due: asyncio.AbstractEventLoop | None = None  # the loop _wake_writer is due on
@@ -395,6 +397,7 @@ class LeaseStore:
                 undo()
                 raise LeaseStoreError(f"{self.broken}; the change was not made")
             self._pending.append(op)
+            self._unsettled[future] = op
             wake = not lazy or self._lazy_deadline is None  # a lazy one only sets the deadline
             if lazy:
                 if self._lazy_deadline is None:
@@ -413,6 +416,31 @@ class LeaseStore:
                 self._wake_due = loop
                 loop.call_soon(self._wake_writer)
         return future
+
+    def on_commit(self, commit: asyncio.Future, callback: Callable[[asyncio.Future], None]) -> None:
+        """callback(commit) once the change is settled (on disk, or failed and undone), run
+        by the callback that settles it: a loop turn sooner than add_done_callback, on the
+        path from a commit to its answer. At once when the commit is settled already; a
+        commit this store does not know gets add_done_callback."""
+        op = self._unsettled.get(commit)
+        if op is None:
+            if commit.done():
+                callback(commit)
+            else:
+                commit.add_done_callback(callback)
+            return
+        if op.then is None:
+            op.then = []
+        op.then.append(callback)
+
+    def _settle_all(self, ops: list[_Op]) -> None:
+        """On the event loop: each change's future resolved (a failed one undone first),
+        then its on_commit callbacks; the mirror follows the disk even when no one waits
+        for the future any more."""
+        for op in ops:
+            if op.future is not None:
+                self._unsettled.pop(op.future, None)
+            _settle(op)
 
     def _wake_writer(self) -> None:
         with self._cond:
@@ -449,7 +477,7 @@ class LeaseStore:
                     by_loop.setdefault(op.loop, []).append(op)
             for loop, ops in by_loop.items():
                 try:  # one wake-up of the loop per commit, not one per change
-                    loop.call_soon_threadsafe(_settle_all, ops)
+                    loop.call_soon_threadsafe(self._settle_all, ops)
                 except RuntimeError:  # the loop is gone (shutdown): nothing waits any more
                     pass
             if any(op.sql for op in batch):
@@ -601,25 +629,25 @@ class _StatementFailed(Exception):
     """A statement of a batch written without savepoints failed: write it again with them."""
 
 
-def _settle_all(ops: list[_Op]) -> None:
-    for op in ops:
-        _settle(op)
-
-
 def _settle(op: _Op) -> None:
-    """On the event loop: resolve a change's future; a failed one is undone first. The
-    mirror follows the disk even when no one waits for the future any more."""
-    if op.future is None:
+    future = op.future
+    if future is None:
         return
     if op.error is None:
         if op.on_success is not None:
             op.on_success()
-        if not op.future.done():
-            op.future.set_result(None)
-        return
-    op.undo()
-    if not op.future.done():
-        op.future.set_exception(_failure(op.error))
+        if not future.done():
+            future.set_result(None)
+    else:
+        op.undo()
+        if not future.done():
+            future.set_exception(_failure(op.error))
+    for callback in op.then or ():
+        try:
+            callback(future)
+        except Exception as exc:  # noqa: BLE001 - as the loop treats a failing callback: reported, the rest run
+            op.loop.call_exception_handler({"message": "lease store: an on_commit callback failed",
+                                            "exception": exc, "future": future})
 
 
 def _failure(error: BaseException) -> TopodError:

@@ -575,8 +575,7 @@ class LeaseService:
         lease = self._owned("release", lease_id, caller)
         return self._end(lease, "lease_released", reason="released")
 
-    @staticmethod
-    def when_committed(lease: Lease, commit: asyncio.Future | None,
+    def when_committed(self, lease: Lease, commit: asyncio.Future | None,
                        answer: Callable[[Lease | None, BaseException | None], None]) -> None:
         """answer(lease, None) once a change to it is on disk; answer(None, the error) if
         its commit failed (the change undone). A callback on the loop, no task."""
@@ -591,7 +590,7 @@ class LeaseService:
         if commit is None:
             answer(lease, None)
         else:
-            commit.add_done_callback(committed)
+            self.store.on_commit(commit, committed)
 
     async def revoke(self, lease_id: str, caller: Caller, reason: str = "revoked by admin") -> Lease:
         if not caller.is_admin:
@@ -693,7 +692,7 @@ class LeaseService:
             elif ok is not None:
                 ok()
 
-        commit.add_done_callback(done)
+        self.store.on_commit(commit, done)
 
     def _owner_exited(self, lease_id: str) -> None:
         lease = self.store.get(lease_id)
