@@ -48,8 +48,14 @@ class Watch:
             return line
         raise AssertionError(f"no line from watch within {timeout} s; stderr: {self.stderr()}")
 
-    def finish(self, timeout: float = 20.0) -> tuple[int, str]:
-        code = self.process.wait(timeout=timeout)
+    def finish(self, timeout: float = 20.0, poke=None) -> tuple[int, str]:  # noqa: ANN001 - callable
+        """Wait for the watcher to exit; poke() meanwhile, when given: a watcher that
+        subscribed in the middle of a cycle (after its grant) waits for the next one."""
+        deadline = time.monotonic() + timeout
+        while poke is not None and self.process.poll() is None and time.monotonic() < deadline:
+            poke()
+            time.sleep(0.3)
+        code = self.process.wait(timeout=max(0.1, deadline - time.monotonic()))
         time.sleep(0.1)
         while not self.lines.empty():
             self.out.append(self.lines.get())
@@ -92,8 +98,9 @@ def test_watch_text_prints_iso_times_and_leaves_null_fields_out(daemon_factory, 
     daemon = daemon_factory("h800-8gpu")
     client = daemon.start()
     watch = watches(daemon.socket, "--event", "lease_granted", "lease_renewed", "--count", "2")
-    first = watch.next_line(_cycle(client, ttl_seconds=60))
-    code, err = watch.finish()
+    poke = _cycle(client, ttl_seconds=60)
+    first = watch.next_line(poke)
+    code, err = watch.finish(poke=poke)
     assert code == 0, err
     lines = watch.out
     assert len(lines) == 2 and first == lines[0]
