@@ -203,18 +203,22 @@ def decision_seconds(sock: str) -> tuple[float, int]:
         "topod_allocation_decision_seconds_count", 0))
 
 
-def open_loop(sock: str) -> list[float]:
+def open_loop(sock: str) -> tuple[list[float], int]:
     """Round trips started on a fixed schedule; latency from the scheduled start, so a
-    stall delays (and counts against) every round trip due during it."""
-    from topod.client import Client
+    stall delays (and counts against) every round trip due during it. Also the
+    allocations refused (a stall long enough that every GPU is leased by round trips
+    still in flight): counted, and that worker takes its next slot."""
+    from topod.client import ApiError, Client
 
     total = OPEN_RATE * OPEN_SECONDS
     start = time.perf_counter() + 0.2
     latencies: list[float] = []
+    refused = 0
     next_slot = iter(range(total))
     lock = threading.Lock()
 
     def worker() -> None:
+        nonlocal refused
         client = Client(sock)
         while True:
             with lock:
@@ -225,7 +229,12 @@ def open_loop(sock: str) -> list[float]:
             delay = due - time.perf_counter()
             if delay > 0:
                 time.sleep(delay)
-            lease = client.allocate(1, **SETUP["request"])
+            try:
+                lease = client.allocate(1, **SETUP["request"])
+            except ApiError:
+                with lock:
+                    refused += 1
+                continue
             client.release(lease["id"])
             finished = time.perf_counter()
             with lock:
@@ -236,7 +245,7 @@ def open_loop(sock: str) -> list[float]:
         thread.start()
     for thread in threads:
         thread.join()
-    return latencies
+    return latencies, refused
 
 
 def p99(values: list[float]) -> float:
@@ -311,7 +320,7 @@ def measure(command: list[str], sock: str, commits=None, decisions: bool = False
         cpu_us["client"] = (client_after - client_before) / trips * 1e6
         decision_us = (decided_after[0] - decided_before[0]) / trips * 1e6
         alone, allocates, releases = single(sock)
-        scheduled = open_loop(sock)
+        scheduled, refused_open = open_loop(sock)
         extra = commits(sock) if commits else ""
     finally:
         process.send_signal(signal.SIGTERM)
@@ -321,7 +330,7 @@ def measure(command: list[str], sock: str, commits=None, decisions: bool = False
             "p50_1": statistics.median(alone), "p99_1": p99(alone), "extra": extra,
             "alloc_p50": statistics.median(allocates), "alloc_p99": p99(allocates),
             "release_p50": statistics.median(releases), "release_p99": p99(releases),
-            "p50_open": statistics.median(scheduled), "p99_open": p99(scheduled)}
+            "p50_open": statistics.median(scheduled), "p99_open": p99(scheduled), "refused_open": refused_open}
 
 
 def topod_commits(sock: str) -> str:
@@ -523,7 +532,8 @@ def all_rows() -> None:
         print(f"{name:<34} {SETUP['clients']} clients: {row['rate']:7.0f} rt/s ({row['rate'] / bare['rate']:.2f} of bare), "
               f"p50 {row['p50_64'] * 1e3:6.2f} ms, p99 {row['p99_64'] * 1e3:6.2f} ms, {row['failures']} refused | "
               f"1 client: p50 {row['p50_1'] * 1e3:5.2f} ms, p99 {row['p99_1'] * 1e3:5.2f} ms | "
-              f"open loop {OPEN_RATE} rt/s: p50 {row['p50_open'] * 1e3:5.2f} ms, p99 {row['p99_open'] * 1e3:5.2f} ms"
+              f"open loop {OPEN_RATE} rt/s: p50 {row['p50_open'] * 1e3:5.2f} ms, p99 {row['p99_open'] * 1e3:5.2f} ms, "
+              f"{row['refused_open']} refused"
               f"{row['extra']}")
         cpu = row["cpu_us"]
         print(f"{'':<34} CPU per round trip at saturation: event loop {cpu['loop']:.0f} us, other threads "
