@@ -134,7 +134,8 @@ def test_on_commit_of_a_failed_commit_sees_the_error_after_the_undo(tmp_path):
     store.close()
 
 
-def test_a_failing_on_commit_callback_is_reported_and_the_batch_still_settles(tmp_path):
+@pytest.mark.parametrize("error", [RuntimeError, asyncio.CancelledError])  # CancelledError: no Exception
+def test_a_failing_on_commit_callback_is_reported_and_the_batch_still_settles(tmp_path, error):
     store = LeaseStore(tmp_path)
     reported, told = [], []
 
@@ -144,7 +145,7 @@ def test_a_failing_on_commit_callback_is_reported_and_the_batch_still_settles(tm
         first, second = store.add(make_lease("a", (0,))), store.add(make_lease("b", (1,)))
 
         def broken(_):
-            raise RuntimeError("callback bug")
+            raise error("callback bug")
 
         store.on_commit(first, broken)
         store.on_commit(first, lambda f: told.append("first, after the broken one"))

@@ -645,7 +645,9 @@ def _settle(op: _Op) -> None:
     for callback in op.then or ():
         try:
             callback(future)
-        except Exception as exc:  # noqa: BLE001 - as the loop treats a failing callback: reported, the rest run
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:  # noqa: BLE001 - as asyncio's Handle: reported, the rest of the batch settles
             op.loop.call_exception_handler({"message": "lease store: an on_commit callback failed",
                                             "exception": exc, "future": future})
 
