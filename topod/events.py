@@ -75,7 +75,9 @@ class EventBus:
                 for listener in self._listeners:
                     try:
                         listener(record)
-                    except Exception:  # noqa: BLE001 - one listener's fault is not the publisher's
+                    except (SystemExit, KeyboardInterrupt):
+                        raise
+                    except BaseException:  # noqa: BLE001 - one listener's fault is not the publisher's
                         log.exception("event_listener_failed", published=record.get("event"),
                                       listener=getattr(listener, "__qualname__", repr(listener)))
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from topod.events import EventBus
 
 
@@ -43,11 +45,12 @@ def test_subscribers_get_the_record_at_once():
     assert asyncio.run(main())["lease"] == "a"
 
 
-def test_a_failing_listener_neither_reaches_the_publisher_nor_silences_the_others():
+@pytest.mark.parametrize("error", [RuntimeError, asyncio.CancelledError])  # CancelledError: no Exception
+def test_a_failing_listener_neither_reaches_the_publisher_nor_silences_the_others(error):
     bus, told = EventBus(), []
 
     def broken(record):
-        raise RuntimeError("listener bug")
+        raise error("listener bug")
 
     bus.add_listener(broken)
     bus.add_listener(lambda record: told.append(record["event"]))
