@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections import deque
 from collections.abc import Callable
@@ -78,8 +79,7 @@ class EventBus:
                     except (SystemExit, KeyboardInterrupt):
                         raise
                     except BaseException:  # noqa: BLE001 - one listener's fault is not the publisher's
-                        log.exception("event_listener_failed", published=record.get("event"),
-                                      listener=getattr(listener, "__qualname__", repr(listener)))
+                        _report_failed(listener, record)
 
     def subscribe(self) -> asyncio.Queue[dict[str, Any]]:
         queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(self._queue_size)
@@ -91,3 +91,17 @@ class EventBus:
 
     def recent(self) -> list[dict[str, Any]]:
         return list(self._history)
+
+
+def _report_failed(listener: Listener, record: dict[str, Any]) -> None:
+    """Log a listener's failure; if the log itself is what fails (the log is a listener
+    too), say it on stderr and go on: the other records are still told."""
+    try:
+        log.exception("event_listener_failed", published=record.get("event"),
+                      listener=getattr(listener, "__qualname__", repr(listener)))
+    except Exception as exc:  # noqa: BLE001 - the last resort of the last resort
+        try:
+            sys.stderr.write(f"topod: event listener failed on {record.get('event')!r}, and so did its log line: "
+                             f"{type(exc).__name__}: {exc}\n")
+        except (OSError, ValueError):
+            pass

@@ -98,3 +98,29 @@ def test_drain_runs_what_is_still_due():
 
     asyncio.run(main())
     assert told == ["lease_revoked"], "told once"
+
+
+def test_a_log_that_fails_on_a_record_loses_no_other_record(monkeypatch):
+    """The log is a listener too: if rendering a record fails, so may the log line saying
+    so; the records after it are still told."""
+    from topod import events
+
+    bus, told = EventBus(), []
+
+    def broken_log(record):
+        raise TypeError("unrenderable")
+
+    def failing_exception_log(*args, **kwargs):
+        raise TypeError("the log cannot render either")
+
+    monkeypatch.setattr(events.log, "exception", failing_exception_log)
+    bus.add_listener(lambda record: told.append(record["lease"]))
+    bus.add_listener(broken_log)
+
+    async def main() -> None:
+        for lease in ("a", "b", "c"):
+            bus.publish("lease_granted", lease=lease)
+        await asyncio.sleep(0)
+
+    asyncio.run(main())
+    assert told == ["a", "b", "c"]
