@@ -112,16 +112,6 @@ def _start_daemon(root: Path, work: Path) -> tuple[subprocess.Popen, str]:
     raise RuntimeError("topod did not start for the benchmark")
 
 
-def topoctl_command() -> list[str]:
-    """topoctl as users start it: the console script installed beside this interpreter
-    (pip writes one: `from topod.cli.topoctl import main`), else `python -m topod.cli.topoctl`,
-    which also imports runpy and importlib.util (~3 ms more here)."""
-    script = Path(sys.executable).parent / "topoctl"
-    if script.is_file() and os.access(script, os.X_OK):
-        return [str(script)]
-    return [sys.executable, "-m", "topod.cli.topoctl"]
-
-
 def whole_process_figures(name: str, root: Path, baseline: Path | None = None,
                           with_daemon: bool = True) -> dict[str, float]:
     """`topoctl topo --json` as a whole process (no daemon; answered by a daemon serving the
@@ -133,6 +123,8 @@ def whole_process_figures(name: str, root: Path, baseline: Path | None = None,
         python_env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
         python_env["PYTHONPYCACHEPREFIX"] = str(Path(work) / "pycache")
         no_daemon = dict(python_env, PYTHONPATH=str(REPO), TOPOD_SOCKET=str(Path(work) / "no-daemon.sock"))
+        from footprint import topoctl_command  # bench/footprint.py: the console script, as users run it
+
         command = [*topoctl_command(), "topo", "--root", str(root), "--json"]
         commands: dict[str, tuple[list[str], dict]] = {"topoctl": (command, no_daemon)}
         # The floor of any Python tool that prints JSON: the same interpreter, started the

@@ -1,4 +1,5 @@
-"""Run the real daemon on a temporary socket against a fixture host."""
+"""Run the real daemon on a temporary socket against a fixture host; or its lease service
+alone, in-process (`service`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,13 @@ from pathlib import Path
 import pytest
 
 from topod.client import ApiError, Client
+from topod.config import load_config
+from topod.discover.scan import discover
+from topod.events import EventBus
+from topod.host import HostRoot
+from topod.service.lease_store import LeaseStore
+from topod.service.leases import LeaseService
+from topod.service.state import HostState
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -98,3 +106,14 @@ def systemd(tmp_path):
         pytest.skip(str(exc))
     yield fake
     fake.close()
+
+
+@pytest.fixture()
+def service(host_tree, tmp_path):
+    """The real LeaseService on its real LeaseStore, in-process, for the h800 fixture host
+    (8 GPUs) with the default [alloc] settings."""
+    topology = discover(HostRoot(host_tree("h800-8gpu")), live_nvml=False)
+    store = LeaseStore(tmp_path / "state")
+    alloc = LeaseService(HostState(topology), store, EventBus(), dict(load_config(None).section("alloc")), set())
+    yield alloc
+    store.close()

@@ -12,16 +12,8 @@ import os
 import time
 from types import SimpleNamespace
 
-import pytest
-
 from topod.api.leanhttp import LeanConnection
-from topod.config import load_config
-from topod.discover.scan import discover
-from topod.events import EventBus
-from topod.host import HostRoot
-from topod.service.lease_store import LeaseStore
 from topod.service.leases import LeaseService
-from topod.service.state import HostState
 
 GRANT = json.dumps({"gpus": 1, "level": "any", "cpus_per_gpu": 0}).encode()
 
@@ -59,15 +51,6 @@ class Site:
         self.gate = SimpleNamespace(admit=lambda uid: True, leave=lambda uid: None)
         self.lean_connections: set = set()
         self.idle_sweep = SimpleNamespace(watch=lambda: None)
-
-
-@pytest.fixture()
-def service(host_tree, tmp_path):
-    topology = discover(HostRoot(host_tree("h800-8gpu")), live_nvml=False)
-    store = LeaseStore(tmp_path / "state")
-    alloc = LeaseService(HostState(topology), store, EventBus(), dict(load_config(None).section("alloc")), set())
-    yield alloc
-    store.close()
 
 
 def _connection(alloc: LeaseService) -> tuple[LeanConnection, RecordingTransport]:

@@ -15,25 +15,9 @@ import pytest
 
 import topod.alloc.engine as engine
 from topod.api.peer import Caller
-from topod.config import load_config
-from topod.discover.scan import discover
-from topod.events import EventBus
-from topod.host import HostRoot
 from topod.record import replace
-from topod.service.lease_store import LeaseStore
-from topod.service.leases import LeaseService
-from topod.service.state import HostState
 
 ROOT = Caller(uid=0, gid=0, pid=os.getpid(), may_allocate=True, is_admin=True)
-
-
-@pytest.fixture()
-def service(host_tree, tmp_path):
-    topology = discover(HostRoot(host_tree("h800-8gpu")), live_nvml=False)
-    store = LeaseStore(tmp_path / "state")
-    service = LeaseService(HostState(topology), store, EventBus(), dict(load_config(None).section("alloc")), set())
-    yield service
-    store.close()
 
 
 @pytest.fixture()

@@ -72,4 +72,4 @@ def test_many_decisions_keep_a_bounded_memo_and_stay_right():
     leases = [make_lease(f"m{i}", (i % 8,)) for i in range(600)]  # 600 distinct decisions
     for lease in leases:
         assert lease.json_text() == _expected(lease)
-    assert len(module._PARTS) <= module._PARTS_KEPT
+    assert len(module._PARTS) <= module._PARTS.kept

@@ -5,6 +5,7 @@ API shows and what the lease store keeps (schema 2; schema 1 of topod 0.1 is rea
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -150,22 +151,37 @@ def _decision_json(decision: Decision) -> dict[str, Any]:
     }
 
 
+class DecisionMemo:
+    """Values derived from a decision, kept per decision object (the engine's memo gives
+    the same decision again and again): `key` names what else the value depends on, and
+    the entry holds the decision, so its id names no other object while it is here. The
+    oldest goes when `kept` are held."""
+
+    def __init__(self, kept: int = 256) -> None:
+        self.kept = kept
+        self._entries: dict[int, tuple[Decision, Any, Any]] = {}
+
+    def get(self, decision: Decision, key: Any, build: Callable[[], Any]) -> Any:
+        entry = self._entries.get(id(decision))
+        if entry is not None and entry[0] is decision and entry[1] == key:
+            return entry[2]
+        value = build()  # raises before anything is kept
+        if len(self._entries) >= self.kept:
+            try:
+                self._entries.pop(next(iter(self._entries)), None)
+            except (StopIteration, RuntimeError):  # emptied or changed meanwhile: nothing to make room for
+                pass
+        self._entries[id(decision)] = (decision, key, value)
+        return value
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
 _STRICT = json.JSONEncoder(allow_nan=False)
-# id(decision) -> (the decision, its GPUs' uuids, placements' JSON, decision's JSON). The
-# entry holds the decision, so its id names no other object while it is here.
-_PARTS: dict[int, tuple[Decision, tuple[str | None, ...], str, str]] = {}
-_PARTS_KEPT = 256
+_PARTS = DecisionMemo()  # decision -> (placements' JSON, decision's JSON), per GPU uuids
 
 
 def _decision_parts(decision: Decision, uuids: tuple[str | None, ...]) -> tuple[str, str]:
-    entry = _PARTS.get(id(decision))
-    if entry is not None and entry[0] is decision and entry[1] == uuids:
-        return entry[2], entry[3]
-    parts = (_STRICT.encode(_placements_json(decision, uuids)), _STRICT.encode(_decision_json(decision)))
-    if len(_PARTS) >= _PARTS_KEPT:
-        try:
-            _PARTS.pop(next(iter(_PARTS)), None)  # the oldest
-        except (StopIteration, RuntimeError):  # emptied or changed meanwhile: nothing to make room for
-            pass
-    _PARTS[id(decision)] = (decision, uuids, *parts)
-    return parts
+    return _PARTS.get(decision, uuids, lambda: (_STRICT.encode(_placements_json(decision, uuids)),
+                                                _STRICT.encode(_decision_json(decision))))

@@ -29,7 +29,7 @@ from topod.cpulist import format_cpulist
 from topod.enforce import lease_mode
 from topod.errors import AllocationError, TopodError
 from topod.events import EventBus
-from topod.service.lease import Lease
+from topod.service.lease import DecisionMemo, Lease
 from topod.service.lease_store import LeaseStore, LeaseStoreError
 from topod.service.owner import OwnerWatch, descends_from, process_exists, process_start_time
 from topod.service.state import HostState
@@ -124,8 +124,7 @@ class LeaseService:
         self.host_enforcement = "none"
         self._free: tuple[tuple, FreeState] | None = None  # (what it was built from, the FreeState)
         self._by_index: tuple[Any, tuple[dict[int, Any], dict[str, int]]] = (None, ({}, {}))
-        # id(decision) -> (the decision, its uuids, the topology, its environment): environment()
-        self._environments: dict[int, tuple[Any, tuple, Any, dict[str, str]]] = {}
+        self._environments = DecisionMemo()  # a decision's environment, per its uuids and the topology
         self.configure(settings, reserved_cpus)
         state.add_listener(self._state_changed)
 
@@ -278,14 +277,8 @@ class LeaseService:
         """What a job needs to use its lease: devices, CPUs, memory nodes. All but the
         lease's own id and files follow from its decision on this topology: built once
         per decision the engine's memo gives again."""
-        decision, topology = lease.decision, self.topology
-        kept = self._environments.get(id(decision))
-        if kept is None or kept[0] is not decision or kept[1] != lease.gpu_uuids or kept[2] is not topology:
-            kept = (decision, lease.gpu_uuids, topology, self._decision_environment(lease))
-            if len(self._environments) >= 256:
-                self._environments.clear()  # the memo's decisions come again and refill it
-            self._environments[id(decision)] = kept
-        env = dict(kept[3])
+        env = dict(self._environments.get(lease.decision, (lease.gpu_uuids, self.topology),
+                                          lambda: self._decision_environment(lease)))
         env["TOPOD_LEASE"] = lease.id  # in its place: a dict keeps the order of its keys
         if self.files is not None:
             env.update(self.files.lease_environment(lease))

@@ -38,19 +38,17 @@ def setup_logging(fmt: str, level: str) -> None:
     route_library_logs(numeric)
 
 
-def _json_fallback(value: object) -> object:
-    """A value JSON has no type for: its __structlog__ form, else its repr (as structlog's own)."""
-    render = getattr(value, "__structlog__", None)
-    return render() if callable(render) else repr(value)
+# One encoder per `default` (JSONRenderer passes structlog's own fallback, always the same):
+# json.dumps with any keyword builds a new encoder per call, a third of a short line's cost
+# (each lease grant and release logs one).
+_ENCODERS: dict[object, json.JSONEncoder] = {}
 
 
-# One encoder for every line: json.dumps with any keyword builds a new encoder per call,
-# a third of a short line's cost (each lease grant and release logs one).
-_JSON_LINE = json.JSONEncoder(default=_json_fallback)
-
-
-def _json_line(event_dict: dict, **_: object) -> str:
-    return _JSON_LINE.encode(event_dict)
+def _json_line(event_dict: dict, *, default: object = None, **_: object) -> str:
+    encoder = _ENCODERS.get(default)
+    if encoder is None:
+        encoder = _ENCODERS[default] = json.JSONEncoder(default=default)
+    return encoder.encode(event_dict)
 
 
 REPEAT_WINDOW_SECONDS = 10.0
