@@ -12,6 +12,8 @@ import json
 import sys
 import time
 
+from topod.jsonindent import dumps_indented
+
 # Exit status when doctor finds an error or warning (0: healthy; 1: doctor itself failed).
 EXIT_FINDINGS = 3
 
@@ -109,7 +111,7 @@ def run_doctor(args: argparse.Namespace) -> int:
     report = diagnose(host, topology, pids=pids if (args.pid or args.lease) else None, leases=leases,
                       irq_plan=plan, interrupts=sample_interrupts(host, args.irq_interval))
     if args.json:
-        sys.stdout.write(json.dumps(report_to_json(report), indent=2) + "\n")
+        sys.stdout.write(dumps_indented(report_to_json(report)) + "\n")
     else:
         sys.stdout.write(render_text(report, verbose=args.verbose))
     return 0 if report.healthy else EXIT_FINDINGS

@@ -14,6 +14,7 @@ import json
 import sys
 
 from topod.errors import ConfigError
+from topod.jsonindent import dumps_indented
 
 
 def _cpus(text: str | None, option: str) -> list[int]:
@@ -108,7 +109,7 @@ def run_nrt(args: argparse.Namespace) -> int:
         leased_nics=leased_nic_keys(view.leases()),
     )
     if args.json:
-        sys.stdout.write(json.dumps(obj, indent=2) + "\n")
+        sys.stdout.write(dumps_indented(obj) + "\n")
     else:
         import yaml
 
@@ -147,7 +148,7 @@ def run_slurm(args: argparse.Namespace) -> int:
         lines = gres_lines(topology, node_name=args.node_name, device_dir=args.device_dir)
         rows = [{"file": line.file, "index": line.index, "minor_known": line.minor_known, "type": line.type,
                  "cores": list(line.cores), "links": list(line.links), "line": line.render()} for line in lines]
-        sys.stdout.write(json.dumps({"gres": rows}, indent=2) + "\n")
+        sys.stdout.write(dumps_indented({"gres": rows}) + "\n")
     else:
         sys.stdout.write(render_gres_conf(topology, node_name=args.node_name, device_dir=args.device_dir))
     return 0
@@ -235,11 +236,11 @@ def run_slurm_topology(args: argparse.Namespace) -> int:
         else:
             sys.stderr.write(f"topoctl: warning: [{note.code}] {note.host}: {note.reason}\n")
     if args.json:
-        sys.stdout.write(json.dumps({
+        sys.stdout.write(dumps_indented({
             "topology_conf": conf.text, "hosts": [h.name for h in hosts], "mode": conf.mode,
             "slurm_version": version_text(conf.slurm_version), "block_sizes": list(conf.block_sizes),
             "left_out": [{"code": n.code, "host": n.host, "reason": n.reason} for n in conf.notes],
-        }, indent=2) + "\n")
+        }) + "\n")
     else:
         sys.stdout.write(conf.text)
     return 0

@@ -15,6 +15,8 @@ import json
 import sys
 import time
 
+from topod.jsonindent import dumps_indented
+
 
 class SettingsSource:
     """Where the [irq] settings came from: kind daemon | config | defaults, and words."""
@@ -178,7 +180,7 @@ def _print(report, as_json: bool, view, settings: dict,  # noqa: ANN001 - CycleR
         document["settings"] = settings
         if withheld:
             document["withheld"] = withheld
-        sys.stdout.write(json.dumps(document, indent=2) + "\n")
+        sys.stdout.write(dumps_indented(document) + "\n")
         return
     sys.stdout.write(f"root {view.root} ({view.describe().split('; ', 1)[1]})\n"
                      f"[irq] settings from {settings['from']}: banned CPUs {settings['banned_cpus'] or '-'}, "

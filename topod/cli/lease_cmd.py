@@ -9,6 +9,8 @@ import json
 import os
 import sys
 
+from topod.jsonindent import dumps_indented
+
 
 def local_time(seconds: float | None) -> str:
     """ISO 8601 in local time with its UTC offset, to the second: 2025-03-01T14:05:09+01:00."""
@@ -68,7 +70,7 @@ def run_allocate(args) -> int:
         body["owner_pid"] = args.owner_pid
     lease = _client(args).allocate(args.gpus, **body)
     if args.json:
-        print(json.dumps(lease, indent=2))
+        print(dumps_indented(lease))
     else:
         _print_lease(lease)
     return 0
@@ -102,14 +104,14 @@ def run_scope(args) -> int:
 
 def run_renew(args) -> int:
     lease = _client(args).renew(args.lease, args.ttl)
-    print(json.dumps(lease, indent=2) if args.json else f"renewed {lease['id']} until {local_time(lease['expires'])}")
+    print(dumps_indented(lease) if args.json else f"renewed {lease['id']} until {local_time(lease['expires'])}")
     return 0
 
 
 def run_leases(args) -> int:
     leases = _client(args).leases()
     if args.json:
-        sys.stdout.write(json.dumps(leases, indent=2) + "\n")
+        sys.stdout.write(dumps_indented(leases) + "\n")
         return 0
     if not leases:
         print("no leases")
@@ -128,7 +130,7 @@ def run_leases(args) -> int:
 def run_status(args) -> int:
     health = _client(args).health()
     if args.json:
-        print(json.dumps(health, indent=2))
+        print(dumps_indented(health))
     else:
         print(f"topod {health['version']}: {health['status']}, {health['leases']} lease(s), "
               f"{health['gpus_free']}/{health['gpus']} GPU(s) free, {health['waiting']} waiting")
@@ -146,7 +148,7 @@ def run_reload(args) -> int:
     verdict = _client(args).request("POST", "/v1/reload", timeout=RELOAD_TIMEOUT_SECONDS)
     restart = verdict.get("restart_required") or []
     if args.json:
-        print(json.dumps(verdict, indent=2))
+        print(dumps_indented(verdict))
     elif verdict.get("applied"):
         print(f"topod: config {verdict.get('path')} applied")
     if not verdict.get("applied"):

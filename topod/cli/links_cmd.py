@@ -9,11 +9,11 @@ what calibration found. `render_links` renders a GET /v1/links document the same
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 
 from topod.errors import ConfigError
+from topod.jsonindent import dumps_indented
 
 
 def run_links(args: argparse.Namespace) -> int:
@@ -56,7 +56,7 @@ def run_links(args: argparse.Namespace) -> int:
     document["gpus"] = {gpu.address: gpu.index for gpu in topology.gpus}
     document["root"] = view.root
     if args.json:
-        sys.stdout.write(json.dumps(document, indent=2) + "\n")
+        sys.stdout.write(dumps_indented(document) + "\n")
     else:
         sys.stdout.write(render_links(document))
     return 0

@@ -12,6 +12,8 @@ import json
 import os
 import sys
 
+from topod.jsonindent import dumps_indented
+
 
 def load_topology(root: str):
     from topod.discover import discover
@@ -39,7 +41,7 @@ def run_topo(args: argparse.Namespace) -> int:
             from topod.topojson import topology_to_json
 
             document = topology_to_json(load_topology(view.root))
-        sys.stdout.write(json.dumps(document, indent=2) + "\n")  # one write, not one per token
+        sys.stdout.write(dumps_indented(document) + "\n")  # one write, not one per token
         return 0
     topology = load_topology(view.root)
     if fmt == "text":
