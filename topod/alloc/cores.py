@@ -33,6 +33,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import reduce
+from itertools import repeat
+from operator import or_
 
 from topod.alloc.errors import InsufficientCpusError
 from topod.model import Cpu, Gpu, Topology
@@ -40,6 +43,11 @@ from topod.model import Cpu, Gpu, Topology
 Core = tuple[int, ...]
 # Logical CPUs per GPU: one number for every node, or per node (the "auto" fair share).
 PerGpu = int | Mapping[int, int]
+# node_cores results kept per core map (by the cores the excluded CPUs block): the free
+# states a host sees repeat (a lease released, another of the same shape granted).
+NODE_CORES_MEMO = 1_024
+WINDOW_TABLES = 1_024  # _windows per core map (by node, CPUs per GPU and the GPU's local CPUs)
+NOWHERE: frozenset[int] = frozenset()  # no local CPUs: no preference
 
 
 def need(per_gpu: PerGpu, node: int | None) -> int:
@@ -83,13 +91,17 @@ class CoreChoice:
 @dataclass(slots=True)  # built per node per decision: not frozen, whose __init__ is slower
 class _NodeCores:
     all_cores: list[Core]  # every core of the node in CPU order (defines contiguity)
-    usable: frozenset[Core] | set[Core]  # cores free of excluded, leased and reserved CPUs
+    free: int  # bit i set: all_cores[i] is usable (eligible, none of its CPUs excluded, leased or reserved)
     llc: dict[Core, int]
+    node: int = -1  # the node (the key of the map's window tables)
 
 
 def _in_order(cores: _NodeCores | None) -> list[Core]:
     """The node's usable cores in CPU order (none for a node not there)."""
-    return [core for core in cores.all_cores if core in cores.usable] if cores else []
+    if not cores:
+        return []
+    free = cores.free
+    return [core for i, core in enumerate(cores.all_cores) if free >> i & 1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,13 +109,23 @@ class CoreMap:
     """What the topology alone says about cores (the engine keeps one per host view):
     node -> cores in CPU order, their LLC, and which could ever be used; per CPU the
     cores it belongs to (so excluded CPUs block their cores without a scan of every
-    core); per GPU address its PCIe local CPUs (a device lookup is a scan of the tree)."""
+    core); per GPU address its PCIe local CPUs (a device lookup is a scan of the tree).
+
+    Cores are also numbered as bits: within a node by their position in CPU order, and
+    across the map by `offset[node]` + that position (one int holds the cores a set of
+    CPUs blocks on every node)."""
 
     nodes: dict[int, tuple[list[Core], dict[Core, int], frozenset[Core]]]
     core_of: dict[int, tuple[tuple[int, Core], ...]] = field(default_factory=dict)
     local: dict[str, frozenset[int]] = field(default_factory=dict)
     whole: dict[int, _NodeCores] = field(default_factory=dict)  # node_cores of a node nothing excludes from
     capacity_memo: dict = field(default_factory=dict)  # auto_capacity per node, by its plans and free cores
+    cpu_bits: dict[int, int] = field(default_factory=dict)  # CPU -> its cores' bits, across the map
+    offset: dict[int, int] = field(default_factory=dict)  # node -> its first bit across the map
+    eligible: dict[int, int] = field(default_factory=dict)  # node -> its eligible cores as bits
+    marks: dict[Core, tuple[tuple[int, int], ...]] = field(default_factory=dict)  # core -> (node, its bit) per node
+    windows: dict = field(default_factory=dict)  # (node, CPUs, local CPUs) -> _pick's windows, best first
+    blocked_memo: dict = field(default_factory=dict)  # node_cores by the bits its excluded CPUs block
 
 
 def core_map(topology: Topology) -> CoreMap:
@@ -121,34 +143,56 @@ def core_map(topology: Topology) -> CoreMap:
         eligible = frozenset(core for core in ordered if all(_eligible(by_id.get(c)) for c in core))
         nodes[node] = (ordered, llc, eligible)
     core_of: dict[int, list[tuple[int, Core]]] = {}
-    for node, (ordered, _, _) in nodes.items():
-        for core in ordered:
+    cpu_bits: dict[int, int] = {}
+    offset: dict[int, int] = {}
+    eligible_bits: dict[int, int] = {}
+    marks: dict[Core, list[tuple[int, int]]] = {}
+    start = 0
+    for node, (ordered, _, eligible) in nodes.items():
+        offset[node] = start
+        eligible_bits[node] = sum(1 << i for i, core in enumerate(ordered) if core in eligible)
+        for i, core in enumerate(ordered):
+            marks.setdefault(core, []).append((node, 1 << i))
             for c in core:
                 core_of.setdefault(c, []).append((node, core))
+                cpu_bits[c] = cpu_bits.get(c, 0) | 1 << (start + i)
+        start += len(ordered)
     local = {}
     for gpu in topology.gpus:
         device = topology.device(gpu.address)
         local[gpu.address] = frozenset(device.local_cpus) if device is not None else frozenset()
-    return CoreMap(nodes, {c: tuple(where) for c, where in core_of.items()}, local)
+    return CoreMap(nodes, {c: tuple(where) for c, where in core_of.items()}, local, cpu_bits=cpu_bits, offset=offset,
+                   eligible=eligible_bits, marks={core: tuple(where) for core, where in marks.items()})
 
 
 def node_cores(topology: Topology, excluded: set[int] | frozenset[int],
                cmap: CoreMap | None = None) -> dict[int, _NodeCores]:
     """node -> its cores; `excluded` = leased | reserved CPUs. A core is usable when it
     is eligible and none of its CPUs is excluded: the cores excluded CPUs block are
-    looked up per CPU, so the cost follows what is taken, not the host's size."""
+    looked up per CPU (as bits, across the map), so the cost follows what is taken, not
+    the host's size; kept on the map by those bits (the same cores blocked, the same map)."""
     cmap = cmap or core_map(topology)
-    blocked: dict[int, set[Core]] = {}
-    core_of = cmap.core_of
-    for c in excluded:
-        for node, core in core_of.get(c, ()):
-            blocked.setdefault(node, set()).add(core)
     whole = cmap.whole
     if not whole:  # each node with nothing excluded, built once per map and shared (read only)
-        whole.update({node: _NodeCores(ordered, eligible, llc)
-                      for node, (ordered, llc, eligible) in cmap.nodes.items()})
-    return {node: _NodeCores(ordered, eligible - blocked[node], llc) if node in blocked else whole[node]
-            for node, (ordered, llc, eligible) in cmap.nodes.items()}
+        whole.update({node: _NodeCores(ordered, cmap.eligible[node], llc, node)
+                      for node, (ordered, llc, _) in cmap.nodes.items()})
+    blocked = reduce(or_, map(cmap.cpu_bits.get, excluded, repeat(0)), 0)
+    memo = cmap.blocked_memo
+    known = memo.get(blocked)
+    if known is not None:
+        return known
+    if not blocked:
+        out = dict(whole)
+    else:
+        out = {}
+        offset = cmap.offset
+        for node, cores in whole.items():
+            mine = blocked >> offset[node] & cores.free
+            out[node] = _NodeCores(cores.all_cores, cores.free & ~mine, cores.llc, node) if mine else cores
+    if len(memo) >= NODE_CORES_MEMO:
+        del memo[next(iter(memo))]
+    memo[blocked] = out
+    return out
 
 
 def _eligible(cpu: Cpu | None) -> bool:
@@ -167,13 +211,7 @@ def node_capacity(topology: Topology, excluded: set[int], cpus_per_gpu: PerGpu,
         if wanted <= 0:
             capacity[node] = 0
             continue
-        served, have = 0, 0
-        for core in cores.all_cores:
-            if core in cores.usable:
-                have += len(core)
-                if have >= wanted:
-                    served, have = served + 1, 0
-        capacity[node] = served
+        capacity[node] = _serves(_in_order(cores), wanted)
     return capacity
 
 
@@ -218,7 +256,7 @@ def auto_table(topology: Topology, share: Mapping[int, int], reserved: set[int],
     on the host and the reserved CPUs only (the engine keeps it per view)."""
     empty = node_cores(topology, set(reserved), cmap)
     return {node: ([auto_plan({node: m}, share, empty)[node] for m in range(1, total + 1)],
-                   len(empty[node].usable) if node in empty else 0)
+                   empty[node].free.bit_count() if node in empty else 0)
             for node, total in gpus_on.items()}
 
 
@@ -238,7 +276,7 @@ def auto_capacity(topology: Topology, table: Mapping[int, tuple[list[int | None]
     capacity: dict[int, int] = {}
     for node, (plans, usable) in table.items():
         cores = now.get(node)
-        key = (node, tuple(plans), usable, frozenset(cores.usable) if cores is not None else None)
+        key = (node, tuple(plans), usable, cores.free if cores is not None else None)
         known = memo.get(key)
         if known is not None:
             capacity[node] = known
@@ -281,7 +319,7 @@ def assign_auto(topology: Topology, gpus: list[Gpu], share: Mapping[int, int], e
     for node in sorted(counts, key=lambda v: (v is None, v or 0)):
         members = sorted((g for g in gpus if g.numa_node == node), key=lambda g: g.index)
         wanted = plan[node]
-        usable = len(empty[node].usable) if node in empty else 0
+        usable = empty[node].free.bit_count() if node in empty else 0
         if wanted is None:
             nearest.extend(members)
             reasons.append(f"warning: cpus_per_gpu auto: node {node} has no usable whole core; GPU "
@@ -318,7 +356,7 @@ def assign_auto(topology: Topology, gpus: list[Gpu], share: Mapping[int, int], e
         else:
             reasons.append(f"cpus_per_gpu auto: each GPU's fair share of node {node} ({wanted} CPUs per GPU)")
     if nearest:
-        one = min((len(core) for cores in empty.values() for core in cores.usable), default=1)
+        one = min((len(core) for cores in empty.values() for core in _in_order(cores)), default=1)
         choice = assign_cpus(topology, nearest, one, taken, True, cmap, describe=False)
         reasons.extend(choice.reasons)
         fallback |= choice.fallback
@@ -335,7 +373,7 @@ def assign_cpus(topology: Topology, gpus: list[Gpu], per_gpu: PerGpu, excluded: 
         return CoreChoice({g.index: () for g in gpus}, {g.index: g.numa_node for g in gpus}, False, ())
     cmap = cmap or core_map(topology)
     cores = now if now is not None else node_cores(topology, excluded, cmap)
-    taken: set[Core] = set()
+    taken: dict[int, int] = {}  # node -> the cores this call gave, as bits
     cpus: dict[int, tuple[int, ...]] = {}
     where: dict[int, int | None] = {}
     reasons: list[str] = []
@@ -346,7 +384,7 @@ def assign_cpus(topology: Topology, gpus: list[Gpu], per_gpu: PerGpu, excluded: 
             else per_gpu
         wanted_sizes.add(cpus_per_gpu)
         local = cmap.local.get(gpu.address, frozenset())
-        picked = _pick(cores.get(gpu.numa_node), taken, cpus_per_gpu, local, reasons, gpu.index) \
+        picked = _pick(cmap, cores.get(gpu.numa_node), taken, cpus_per_gpu, local, reasons, gpu.index) \
             if gpu.numa_node is not None else None
         node = gpu.numa_node
         if picked is None:
@@ -357,7 +395,7 @@ def assign_cpus(topology: Topology, gpus: list[Gpu], per_gpu: PerGpu, excluded: 
                     f"GPU {gpu.index} is on {home}, which has {free} free whole-core CPUs; {cpus_per_gpu} needed "
                     "(level 'any' would take CPUs from the nearest other node)")
             for other in _nearest_nodes(topology, gpu.numa_node):
-                picked = _pick(cores.get(other), taken, cpus_per_gpu, set(), reasons, gpu.index)
+                picked = _pick(cmap, cores.get(other), taken, cpus_per_gpu, NOWHERE, reasons, gpu.index)
                 if picked is not None:
                     node = other
                     fallback = True
@@ -366,8 +404,9 @@ def assign_cpus(topology: Topology, gpus: list[Gpu], per_gpu: PerGpu, excluded: 
                     break
             if picked is None:
                 raise InsufficientCpusError(f"GPU {gpu.index}: no NUMA node has {cpus_per_gpu} free whole-core CPUs")
-        taken.update(picked)
-        cpus[gpu.index] = tuple(sorted([c for core in picked for c in core]))
+        for v, bits in picked[1]:
+            taken[v] = taken.get(v, 0) | bits
+        cpus[gpu.index] = picked[0]
         where[gpu.index] = node
     granted = {len(v) for v in cpus.values()}
     if not describe:
@@ -382,63 +421,87 @@ def assign_cpus(topology: Topology, gpus: list[Gpu], per_gpu: PerGpu, excluded: 
     return CoreChoice(cpus, where, fallback, tuple(reasons))
 
 
-def _free_cpus(cores: _NodeCores | None, taken: set[Core]) -> int:
+def _free_cpus(cores: _NodeCores | None, taken: Mapping[int, int]) -> int:
     if cores is None:
         return 0
-    return sum(len(core) for core in cores.usable if core not in taken)
+    free = cores.free & ~taken.get(cores.node, 0)
+    return sum(len(core) for i, core in enumerate(cores.all_cores) if free >> i & 1)
 
 
-def _pick(cores: _NodeCores | None, taken: set[Core], need: int, local: set[int] | frozenset[int],
-          reasons: list[str], gpu: int) -> list[Core] | None:
+Window = tuple[int, tuple[int, ...], tuple[tuple[int, int], ...]]  # cores as bits, CPUs, (node, bits) to mark taken
+
+
+def _pick(cmap: CoreMap, cores: _NodeCores | None, taken: Mapping[int, int], need: int, local: frozenset[int],
+          reasons: list[str], gpu: int) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]] | None:
+    """(the CPUs, sorted; per node the cores they take, as bits) or None: the best
+    contiguous window of free cores (_windows: single L3, then inside `local`, then
+    first), else free cores fullest L3 first (said in `reasons`)."""
     if cores is None:
         return None
-    ordered, usable, llc = cores.all_cores, cores.usable, cores.llc
-    best: tuple[tuple, list[Core]] | None = None
-    n, start = len(ordered), 0
-    while start < n:  # need >= 1: callers ask for at least one CPU
-        core = ordered[start]
-        if core not in usable or core in taken:
-            start += 1
-            continue
-        have, end = 0, start
-        while end < n:
-            core = ordered[end]
-            if core not in usable or core in taken:
-                break
-            have += len(core)
-            end += 1
-            if have >= need:
-                break
-        if have < need:
-            start = end + 1  # every later start in this run of free cores falls short too
-            continue
-        window = ordered[start:end]
-        llcs = {llc[core] for core in window}
-        outside = bool(local) and any(c not in local for core in window for c in core)
-        score = (len(llcs) > 1, outside, start)
-        if best is None or score < best[0]:
-            best = (score, window)
-            if score == (False, False, start):
-                break  # the first single-L3, local window: nothing later beats it
-        start += 1
-    if best is not None:
-        return best[1]
-    free = [core for core in ordered if core in usable and core not in taken]
-    if sum(len(core) for core in free) < need:
+    free = cores.free & ~taken.get(cores.node, 0)
+    key = (cores.node, need, local)
+    table = cmap.windows.get(key)
+    if table is None:
+        if len(cmap.windows) >= WINDOW_TABLES:
+            cmap.windows.clear()
+        table = cmap.windows[key] = _windows(cmap, cores, need, local)
+    for bits, cpus, marks in table:
+        if free & bits == bits:
+            return cpus, marks
+    ordered = cores.all_cores
+    spare = [core for i, core in enumerate(ordered) if free >> i & 1]
+    if sum(len(core) for core in spare) < need:
         return None
     # No contiguous window: the fullest L3 domains first, cores in order.
     per_llc: dict[int, int] = {}
-    for core in free:
+    for core in spare:
         per_llc[cores.llc[core]] = per_llc.get(cores.llc[core], 0) + len(core)
-    free.sort(key=lambda core: (-per_llc[cores.llc[core]], cores.llc[core], core))
+    spare.sort(key=lambda core: (-per_llc[cores.llc[core]], cores.llc[core], core))
     picked, have = [], 0
-    for core in free:
+    for core in spare:
         picked.append(core)
         have += len(core)
         if have >= need:
             break
     reasons.append(f"GPU {gpu}: no {need} contiguous free CPUs on its node; cores are not contiguous")
-    return picked
+    return tuple(sorted([c for core in picked for c in core])), _marks(cmap, picked)
+
+
+def _windows(cmap: CoreMap, cores: _NodeCores, need: int, local: frozenset[int]) -> tuple[Window, ...]:
+    """Every window of consecutive cores of the node from which a GPU could get `need`
+    CPUs (from each start, the fewest cores that hold them), best first: single L3
+    before several, inside `local` (the GPU's PCIe local CPUs; no preference when
+    empty) before not, then by start. _pick takes the first one wholly free: the window
+    a scan of the free cores in order, keeping the best score, finds. Kept per map by
+    (node, need, local): the topology alone decides them."""
+    ordered, llc = cores.all_cores, cores.llc
+    n = len(ordered)
+    scored = []
+    for start in range(n):
+        have, end = 0, start
+        while end < n:  # need >= 1: callers ask for at least one CPU
+            have += len(ordered[end])
+            end += 1
+            if have >= need:
+                break
+        if have < need:
+            break  # a later start has fewer cores after it
+        window = ordered[start:end]
+        outside = bool(local) and any(c not in local for core in window for c in core)
+        scored.append(((len({llc[core] for core in window}) > 1, outside, start), window))
+    scored.sort(key=lambda item: item[0])
+    return tuple((sum(1 << i for i in range(score[2], score[2] + len(window))),
+                  tuple(sorted([c for core in window for c in core])), _marks(cmap, window))
+                 for score, window in scored)
+
+
+def _marks(cmap: CoreMap, picked: list[Core]) -> tuple[tuple[int, int], ...]:
+    """Per node, the picked cores as its bits (a core listed on two nodes is taken on both)."""
+    out: dict[int, int] = {}
+    for core in picked:
+        for node, bit in cmap.marks.get(core, ()):
+            out[node] = out.get(node, 0) | bit
+    return tuple(out.items())
 
 
 def _nearest_nodes(topology: Topology, home: int | None) -> list[int]:

@@ -131,6 +131,9 @@ class _Table:
     tiers: dict[str, tuple[tuple[int, ...], ...]] = field(default_factory=dict)
     choices: dict[str, tuple[NicChoice, ...]] = field(default_factory=dict)  # GPU address -> per NIC
     nearest: dict[str, float] = field(default_factory=dict)  # GPU address -> weight of its nearest NIC
+    # GPU address -> (NIC position, (its NicChoice,)) where one NIC alone is nearest: what
+    # _shared gives that GPU when it wants one NIC, whatever the use counts.
+    alone: dict[str, tuple[int, tuple[NicChoice]]] = field(default_factory=dict)
 
 
 def _table(topology: Topology, distances: DistanceModel) -> _Table:
@@ -147,10 +150,11 @@ def _table(topology: Topology, distances: DistanceModel) -> _Table:
             for i in sorted(range(len(nics)), key=lambda i: (row[i].weight, i)):
                 grouped.setdefault(row[i].weight, []).append(i)
             tiers[address] = tuple(tuple(group) for group in grouped.values())
-        table = _Table(nics, distance, tuple(nic.key for nic in nics), tiers,
-                       {address: tuple(_choice(nic, d) for nic, d in zip(nics, row))
-                        for address, row in distance.items()},
-                       {address: min((d.weight for d in row), default=None) for address, row in distance.items()})
+        choices = {address: tuple(_choice(nic, d) for nic, d in zip(nics, row)) for address, row in distance.items()}
+        table = _Table(nics, distance, tuple(nic.key for nic in nics), tiers, choices,
+                       {address: min((d.weight for d in row), default=None) for address, row in distance.items()},
+                       {address: (groups[0][0], (choices[address][groups[0][0]],))
+                        for address, groups in tiers.items() if groups and len(groups[0]) == 1})
         if distances.topology is topology:
             distances.memo["nic_table"] = table
     return table
@@ -213,6 +217,10 @@ def pair_nics(topology: Topology, distances: DistanceModel, gpus: Sequence[Gpu],
         out, reasons = _exclusive(table, gpus, want, busy, other_free, strict)
     far = {}
     for gpu, choices in out.items():
+        if len(choices) == 1:  # the commonest: one NIC a GPU
+            if choices[0].level not in NEAR_LEVELS:
+                far[gpu] = [choices[0].level]
+            continue
         levels = {c.level for c in choices if c.level not in NEAR_LEVELS}
         if levels:
             far[gpu] = sorted(levels)
@@ -233,7 +241,14 @@ def _shared(table: _Table, gpus: Sequence[Gpu], want: int, use: Mapping[str, int
     taken: dict[str, int] = {}  # this lease's own choices spread like other leases' do
     keys = table.keys
     every = (tuple(range(len(table.nics))),)
+    alone = table.alone if want == 1 else {}
     for gpu in gpus:
+        one = alone.get(gpu.address)
+        if one is not None:  # its nearest NIC, alone in its tier: no use count can reorder it
+            key = keys[one[0]]
+            taken[key] = taken.get(key, 0) + 1
+            out[gpu.index] = one[1]
+            continue
         tiers = table.tiers.get(gpu.address, every)
         chosen: list[int] = []
         for group in tiers:

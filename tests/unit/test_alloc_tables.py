@@ -1,0 +1,111 @@
+"""The allocator's precomputed tables give what the computations they replace give:
+core windows (cores._windows) and cores as bits (cores.node_cores), the lone nearest
+NIC (nics._Table.alone), on several built-in hosts and random free states."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+
+from topod.alloc.cores import NOWHERE, _pick, core_map, node_cores
+from topod.alloc.nics import _shared, _table
+
+HOSTS = ("h800-8gpu", "pcie-8gpu", "nps4-8gpu", "dgx1-cubemesh", "pcie-64gpu")
+
+
+def _scan(ordered, usable, llc, taken, need, local):
+    """The window a scan of the free cores in order finds (cores._pick before its tables):
+    the first single-L3 window inside `local`, else the best by (L3s > 1, outside, start)."""
+    best = None
+    n, start = len(ordered), 0
+    while start < n:
+        core = ordered[start]
+        if core not in usable or core in taken:
+            start += 1
+            continue
+        have, end = 0, start
+        while end < n:
+            core = ordered[end]
+            if core not in usable or core in taken:
+                break
+            have += len(core)
+            end += 1
+            if have >= need:
+                break
+        if have < need:
+            start = end + 1
+            continue
+        window = ordered[start:end]
+        outside = bool(local) and any(c not in local for core in window for c in core)
+        score = (len({llc[core] for core in window}) > 1, outside, start)
+        if best is None or score < best[0]:
+            best = (score, window)
+        start += 1
+    return best[1] if best else None
+
+
+def _usable(cmap, node, excluded):
+    ordered, _, eligible = cmap.nodes[node]
+    return {core for core in ordered if core in eligible and not any(c in excluded for c in core)}
+
+
+@pytest.mark.parametrize("name", HOSTS)
+def test_node_cores_bits_are_the_eligible_cores_no_excluded_cpu_touches(host, name):
+    topology, _ = host(name)
+    cmap = core_map(topology)
+    cpus = [cpu.id for cpu in topology.cpus]
+    rng = random.Random(name)
+    for _ in range(60):
+        excluded = set(rng.sample(cpus, rng.randrange(len(cpus) // 2 + 1)))
+        for _ in range(2):  # computed, then from the map's memo
+            now = node_cores(topology, excluded, cmap)
+            assert set(now) == set(cmap.nodes)
+            for node, cores in now.items():
+                got = {core for i, core in enumerate(cores.all_cores) if cores.free >> i & 1}
+                assert got == _usable(cmap, node, excluded)
+
+
+@pytest.mark.parametrize("name", HOSTS)
+def test_window_tables_pick_what_the_scan_of_free_cores_picks(host, name):
+    topology, _ = host(name)
+    cmap = core_map(topology)
+    cpus = [cpu.id for cpu in topology.cpus]
+    locals_ = [NOWHERE, *{cmap.local[gpu.address] for gpu in topology.gpus}]
+    rng = random.Random(name)
+    for _ in range(150):
+        excluded = set(rng.sample(cpus, rng.randrange(len(cpus) // 2 + 1)))
+        now = node_cores(topology, excluded, cmap)
+        for node, cores in now.items():
+            ordered, llc, _ = cmap.nodes[node]
+            usable = _usable(cmap, node, excluded)
+            taken_cores = set(rng.sample(sorted(usable), rng.randrange(len(usable) + 1)))
+            taken = {node: sum(1 << i for i, core in enumerate(ordered) if core in taken_cores)}
+            need = rng.randrange(1, 13)
+            local = rng.choice(locals_)
+            window = _scan(ordered, usable, llc, taken_cores, need, local)
+            picked = _pick(cmap, cores, taken, need, local, [], 0)
+            if window is not None:
+                assert picked is not None
+                assert picked[0] == tuple(sorted(c for core in window for c in core))
+                assert dict(picked[1]) == {node: sum(1 << ordered.index(core) for core in window)}
+            elif picked is not None:  # no contiguous window: free cores, fullest L3 first
+                assert set(picked[0]) <= {c for core in usable - taken_cores for c in core}
+                assert len(picked[0]) >= need
+
+
+@pytest.mark.parametrize("name", HOSTS)
+def test_lone_nearest_nic_is_what_the_tiers_give(host, name):
+    topology, distances = host(name)
+    table = _table(topology, distances)
+    if not table.nics:
+        pytest.skip("no RDMA NIC on this host")
+    plain = dataclasses.replace(table, alone={})
+    rng = random.Random(name)
+    gpus = list(topology.gpus)
+    for _ in range(200):
+        chosen = sorted(rng.sample(gpus, rng.randrange(1, min(8, len(gpus)) + 1)), key=lambda g: g.index)
+        use = {key: rng.randrange(1, 4) for key in rng.sample(table.keys, rng.randrange(len(table.keys) + 1))}
+        for want in (1, 2):
+            assert _shared(table, chosen, want, use) == _shared(plain, chosen, want, use)
