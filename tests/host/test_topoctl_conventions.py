@@ -322,3 +322,35 @@ def test_man_reads_the_generated_pages(pages):
         done = subprocess.run(["man", "-l", str(path)], capture_output=True, text=True,
                               env=dict(os.environ, MANPAGER="cat", PAGER="cat", MANWIDTH="100"))
         assert done.returncode == 0 and "NAME" in done.stdout, done.stderr
+
+
+# A real command line ends its process at once (topoctl._end_process: no interpreter
+# teardown); these say what that keeps: exit handlers, all the output, the exit status.
+_COMMAND_LINE = """
+import atexit, sys
+atexit.register(lambda: sys.stderr.write("exit handler ran\\n"))
+from topod.cli.topoctl import main
+sys.argv[1:] = {argv!r}
+sys.exit(main())
+"""
+
+
+def _as_command_line(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", _COMMAND_LINE.format(argv=list(argv))], env=ENV,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_a_command_line_ends_with_all_its_output_its_exit_handlers_and_its_status(h800, capsys):
+    done = _as_command_line("topo", "--root", h800, "--json")
+    assert done.returncode == 0, done.stderr
+    assert main(["topo", "--root", h800, "--json"]) == 0  # in-process: main returns, the process goes on
+    assert done.stdout == capsys.readouterr().out  # every byte of the document, through the pipe
+    assert json.loads(done.stdout)["gpus"]
+    assert done.stderr.splitlines()[-1] == "exit handler ran"
+
+
+def test_a_failing_command_line_keeps_its_documented_status(tmp_path):
+    done = _as_command_line("topo", "--root", str(tmp_path / "missing"), "--json")
+    assert done.returncode == 1  # not_a_host_tree: README's status 1
+    assert json.loads(done.stderr.splitlines()[-2])["code"] == "not_a_host_tree"
+    assert done.stderr.splitlines()[-1] == "exit handler ran"

@@ -8,6 +8,7 @@ a full disk) are one line on stderr, never a traceback.
 
 from __future__ import annotations
 
+import os
 import sys
 
 from topod.errors import TopodError
@@ -144,8 +145,32 @@ def _fewer_collections() -> None:
     gc.set_threshold(100_000)
 
 
+def _end_process(code: int) -> None:
+    """End a real command line's process now, with `code`: exit handlers run and the
+    standard streams are flushed as at any exit, but the interpreter's teardown (every
+    module and object freed one by one, a last collection) is skipped: ~4 ms of a 35-60
+    ms `topoctl topo --json` (issue 26). topoctl starts no threads to wait for, and every
+    file it writes is closed by the command that wrote it."""
+    import atexit
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # the command said what went wrong with its output already
+            pass
+    os._exit(code)
+
+
 def main(argv: list[str] | None = None) -> int:
+    code = _main(argv)
     if argv is None:  # a real command line (not a test calling main): this process is topoctl's
+        _end_process(code)
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
+    if argv is None:
         _fewer_collections()
     from topod.cli.commands import BY_NAME, build_parser
 
