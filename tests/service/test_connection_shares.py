@@ -14,7 +14,7 @@ import time
 import pytest
 
 from topod.client import Client
-from topod.service.server import ConnectionGate
+from topod.service.connection_gate import ConnectionGate
 
 NOBODY = 65534
 

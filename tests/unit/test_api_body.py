@@ -310,7 +310,7 @@ def test_a_caller_is_known_at_once_unless_its_groups_must_be_looked_up():
 # -- connections -----------------------------------------------------------------------
 
 def test_accept_failures_are_logged_once_per_burst_and_counted():
-    from topod.service.server import ACCEPT_RESOURCE_MESSAGE, ConnectionGate
+    from topod.service.connection_gate import ACCEPT_RESOURCE_MESSAGE, ConnectionGate
 
     now = [100.0]
     gate = ConnectionGate(3, nofile=1024, clock=lambda: now[0])
@@ -332,7 +332,7 @@ def test_accept_failures_are_logged_once_per_burst_and_counted():
 
 
 def test_the_gate_refuses_beyond_the_ceiling_and_the_ceiling_fits_the_descriptor_limit():
-    from topod.service.server import ConnectionGate, connection_ceiling
+    from topod.service.connection_gate import ConnectionGate, connection_ceiling
 
     assert connection_ceiling(256, 1024) == 256
     assert connection_ceiling(256, 128) == 48  # 80 kept for the daemon, lingering refusals, accepts in flight
