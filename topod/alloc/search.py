@@ -25,6 +25,12 @@ something no sum of pair and per-GPU terms expresses (what the leftover GPUs can
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter, itemgetter
+
+_OBJECTIVE = attrgetter("objective")
+_MEMBERS = attrgetter("members")
+_FIRST = itemgetter(0)
+_SECOND = itemgetter(1)
 
 NODE_BUDGET = 200_000
 SEEDS = 4
@@ -77,12 +83,17 @@ def build_problem(candidates: list[int], must: set[int], twin: list[int], node: 
         members = [sorted(group) for group in keyed.values()]
         lo = [0] * len(members)
     reps = [group[0] for group in members]
+    if len(reps) > 1:
+        pick = itemgetter(*reps)
+        inter = [list(pick(weight[a])) for a in reps]
+    else:
+        inter = [[weight[a][a]] for a in reps]
     return Problem(
         members=members,
         lo=lo,
         unary=[get(rep, 0.0) for rep in reps],
         intra=[weight[group[0]][group[1]] if len(group) > 1 else 0.0 for group in members],
-        inter=[[row[b] for b in reps] for row in [weight[a] for a in reps]],
+        inter=inter,
         node=[node[rep] for rep in reps],
         node_cap=node_cap,
         max_nodes=max_nodes,
@@ -138,12 +149,28 @@ def _in_order(found: list[SearchResult]) -> list[SearchResult]:
     """Lowest objective first; objectives equal but for rounding (one set summed in
     another order) count as equal, and the lower positions come first among them, so
     the order does not depend on how a search added the terms up."""
-    found = sorted(found, key=lambda result: result.objective)
+    if len(found) < 2:
+        return list(found)
+    found = sorted(found, key=_OBJECTIVE)
     out: list[SearchResult] = []
     start = 0
     for i in range(1, len(found) + 1):
         if i == len(found) or found[i].objective > found[start].objective + _eps(found[start].objective):
-            out.extend(sorted(found[start:i], key=lambda result: result.members))
+            out.extend(sorted(found[start:i], key=_MEMBERS) if i - start > 1 else found[start:i])
+            start = i
+    return out
+
+
+def _singles_in_order(found: list[tuple[float, int]]) -> list[tuple[float, int]]:
+    """_in_order for one-GPU sets given as (objective, position): the same order."""
+    if len(found) < 2:
+        return found
+    found = sorted(found, key=_FIRST)
+    out: list[tuple[float, int]] = []
+    start = 0
+    for i in range(1, len(found) + 1):
+        if i == len(found) or found[i][0] > found[start][0] + _eps(found[start][0]):
+            out.extend(sorted(found[start:i], key=_SECOND) if i - start > 1 else found[start:i])
             start = i
     return out
 
@@ -187,15 +214,19 @@ def _room(problem: Problem, cap: list[int], k: int) -> int:
     """At most how many GPUs the node constraints let a set hold (the max_nodes fullest
     nodes, each up to its cap): a search that cannot reach k is not run, since the bound
     ignores node caps and would prove it only by exhausting the tree."""
-    if problem.node_cap is None and problem.max_nodes is None:
+    node_cap, max_nodes = problem.node_cap, problem.max_nodes
+    if node_cap is None and max_nodes is None:
         return k
     per_node: dict[int, int] = {}
-    for c, count in enumerate(cap):
-        per_node[problem.node[c]] = per_node.get(problem.node[c], 0) + count
-    if problem.node_cap is not None:
-        per_node = {v: min(count, problem.node_cap.get(v, k)) for v, count in per_node.items()}
-    sizes = sorted(per_node.values(), reverse=True)
-    return sum(sizes[:problem.max_nodes] if problem.max_nodes is not None else sizes)
+    for v, count in zip(problem.node, cap):
+        per_node[v] = per_node.get(v, 0) + count
+    sizes = (per_node.values() if node_cap is None
+             else [min(count, node_cap.get(v, k)) for v, count in per_node.items()])
+    if max_nodes is None:
+        return sum(sizes)
+    if max_nodes == 1:  # the commonest limit: the fullest node
+        return max(sizes, default=0)
+    return sum(sorted(sizes, reverse=True)[:max_nodes])
 
 
 def solve_one(candidates: list[int], unary: dict[int, float], node: list[int],
@@ -224,18 +255,22 @@ def one_ties(candidates: list[int], twin: list[int], unary: dict[int, float], no
     GPU; the open ones within slack of the cheapest, in order; None as solve_ties."""
     if max_nodes is not None and max_nodes < 1:
         return None
-    first: dict[tuple, int] = {}
+    first: dict[tuple, tuple[int, float]] = {}  # class -> (its first GPU, its term)
     get = unary.get
     for p in candidates:
-        key = (twin[p], round(get(p, 0.0), 12))
-        if key not in first or p < first[key]:
-            first[key] = p
-    open_ = [p for p in first.values() if node_cap is None or node_cap.get(node[p], 1) >= 1]
+        u = get(p, 0.0)
+        key = (twin[p], round(u, 12))
+        seen = first.get(key)
+        if seen is None or p < seen[0]:
+            first[key] = (p, u)
+    open_ = [(u, p) for p, u in first.values() if node_cap is None or node_cap.get(node[p], 1) >= 1]
     if not open_:
         return None
-    low = min(get(p, 0.0) for p in open_)
-    found = _in_order([SearchResult((p,), get(p, 0.0), True, 1) for p in open_ if get(p, 0.0) <= low + slack])
-    return found if len(found) <= limit else None
+    low = min(open_)[0]
+    near = [item for item in open_ if item[0] <= low + slack]
+    if len(near) > limit:
+        return None
+    return [SearchResult((p,), u, True, 1) for u, p in _singles_in_order(near)]
 
 
 def _fits_nodes(problem: Problem, take: dict[int, int], k: int) -> bool:
@@ -305,9 +340,12 @@ def _pair_ties(problem: Problem, cap: list[int], slack: float) -> list[SearchRes
                 continue
             pairs.append((ua + unary[b] + row[b], a, b))
     low = min((objective for objective, _, _ in pairs), default=0.0)
-    return [SearchResult(tuple(sorted(members[a][:2] if a == b else (members[a][0], members[b][0]))), objective,
-                         True, 1)
-            for objective, a, b in pairs if objective <= low + slack]
+    out = []
+    for objective, a, b in pairs:
+        if objective <= low + slack:
+            p, q = members[a][:2] if a == b else (members[a][0], members[b][0])
+            out.append(SearchResult((p, q) if p < q else (q, p), objective, True, 1))
+    return out
 
 
 def _neighbours(problem: Problem, cap: list[int]) -> list[list[tuple[float, int, int]]]:
