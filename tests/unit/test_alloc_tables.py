@@ -1,6 +1,8 @@
 """The allocator's precomputed tables give what the computations they replace give:
 core windows (cores._windows) and cores as bits (cores.node_cores), the lone nearest
-NIC (nics._Table.alone), on several built-in hosts and random free states."""
+NIC (nics._Table.alone), on several built-in hosts and random free states; the
+hand-written __init__ of its hot value classes (request.slot_init) builds what the
+dataclass's own would."""
 
 from __future__ import annotations
 
@@ -10,7 +12,9 @@ import random
 import pytest
 
 from topod.alloc.cores import NOWHERE, _pick, core_map, node_cores
-from topod.alloc.nics import _shared, _table
+from topod.alloc.nics import NicChoice, _shared, _table
+from topod.alloc.request import Decision, Performance, Placement, slot_init
+from topod.alloc.search import SearchResult
 
 HOSTS = ("h800-8gpu", "pcie-8gpu", "nps4-8gpu", "dgx1-cubemesh", "pcie-64gpu")
 
@@ -109,3 +113,48 @@ def test_lone_nearest_nic_is_what_the_tiers_give(host, name):
         use = {key: rng.randrange(1, 4) for key in rng.sample(table.keys, rng.randrange(len(table.keys) + 1))}
         for want in (1, 2):
             assert _shared(table, chosen, want, use) == _shared(plain, chosen, want, use)
+
+
+def _by_setattr(cls, values):
+    """What a frozen dataclass's generated __init__ does: each field through object.__setattr__."""
+    obj = object.__new__(cls)
+    for name, value in zip(cls.__dataclass_fields__, values):
+        object.__setattr__(obj, name, value)
+    return obj
+
+
+def test_slot_inits_build_what_the_dataclass_init_builds():
+    nic = NicChoice("mlx5_0", "0000:19:00.0", 1, "PIX")
+    placement = Placement(3, "0000:18:00.0", 0, (4, 36), 0, (nic,))
+    performance = Performance(0.5, "SYS", 12.0, {"best": 1.0})
+    cases = [
+        (Placement, (3, "0000:18:00.0", 0, (4, 36), 0, (nic,)), {}),
+        (Placement, (3, "0000:18:00.0", 0, (4, 36), 0), {"nics": ()}),
+        (Performance, (0.5, "SYS", 12.0, {"best": 1.0}), {}),
+        (SearchResult, ((1, 2), 1.5, True, 7), {}),
+        (Decision, ((3,), (placement,), {3: (4, 36)}, (0,), (0,), 0.0, 0.0, "best", "good", 1.0, performance, True,
+                    False, ("why",)), {}),
+        (Decision, ((3,), (placement,), {3: (4, 36)}, (0,), (0,), 0.0, 0.0, "best", "good", 1.0, performance, True,
+                    False), {"reasons": ()}),
+    ]
+    for cls, args, defaults in cases:
+        built = cls(*args)
+        expected = _by_setattr(cls, args + tuple(defaults.values()))
+        assert built == expected and repr(built) == repr(expected)
+        assert cls(**dict(zip(cls.__dataclass_fields__, args))) == expected
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        placement.index = 4  # type: ignore[misc]
+    with pytest.raises(TypeError, match="missing"):
+        Placement(3)  # type: ignore[call-arg]
+
+
+def test_slot_init_refuses_an_init_that_is_not_the_fields():
+    def wrong_order(self, address, index, numa_node, cpus, cpu_node, nics=()):  # noqa: ANN001
+        raise AssertionError
+
+    def wrong_default(self, index, address, numa_node, cpus, cpu_node, nics=None):  # noqa: ANN001
+        raise AssertionError
+
+    for init in (wrong_order, wrong_default):
+        with pytest.raises(TypeError, match="fields"):
+            slot_init(Placement, init)

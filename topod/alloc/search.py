@@ -27,6 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from operator import attrgetter, itemgetter
 
+from topod.alloc.request import slot_init, slot_setters
+
 _OBJECTIVE = attrgetter("objective")
 _MEMBERS = attrgetter("members")
 _FIRST = itemgetter(0)
@@ -55,6 +57,20 @@ class SearchResult:
     objective: float
     exact: bool
     visited: int
+
+
+_SEARCH_RESULT = slot_setters(SearchResult)
+
+
+def _search_result_init(self, members, objective, exact, visited) -> None:  # noqa: ANN001 - see slot_init
+    set_members, set_objective, set_exact, set_visited = _SEARCH_RESULT
+    set_members(self, members)
+    set_objective(self, objective)
+    set_exact(self, exact)
+    set_visited(self, visited)
+
+
+slot_init(SearchResult, _search_result_init)
 
 
 class _Budget(Exception):
