@@ -158,3 +158,33 @@ def test_slot_init_refuses_an_init_that_is_not_the_fields():
     for init in (wrong_order, wrong_default):
         with pytest.raises(TypeError, match="fields"):
             slot_init(Placement, init)
+
+
+def test_whole_node_is_what_solve_ties_gives_for_a_node_with_exactly_k_free():
+    from topod.alloc.search import Problem, _whole_node, solve_ties
+
+    rng = random.Random(26)
+    for _ in range(300):
+        m = rng.randrange(2, 8)
+        members, start = [], 0
+        for _ in range(m):
+            size = rng.randrange(1, 4)
+            members.append(list(range(start, start + size)))
+            start += size
+        inter = [[0.0] * m for _ in range(m)]
+        for a in range(m):
+            for b in range(a + 1, m):
+                inter[a][b] = inter[b][a] = rng.choice([0.5, 1.1111111111111112, 1.1111211111111112, 2.0]) + rng.random()
+        node = [rng.randrange(2) for _ in range(m)]
+        problem = Problem(members=members, lo=[0] * m, unary=[rng.random() * 1e-7 for _ in range(m)],
+                          intra=[rng.choice([0.0, 0.3333333333333333, 1.1111111111111112]) for _ in range(m)],
+                          inter=inter, node=node, node_cap=None, max_nodes=1)
+        on = [c for c in range(m) if node[c] == 0]
+        if not on:
+            continue
+        k = sum(len(members[c]) for c in on)
+        sub = Problem(members=[members[c] for c in on], lo=[0] * len(on), unary=[problem.unary[c] for c in on],
+                      intra=[problem.intra[c] for c in on], inter=[[inter[a][b] for b in on] for a in on],
+                      node=[0] * len(on), node_cap=None, max_nodes=1)
+        (only,) = solve_ties(sub, k, 1e-7)
+        assert _whole_node(problem, on) == only

@@ -197,13 +197,20 @@ def _ties_per_node(problem: Problem, k: int, slack: float, limit: int, budget: i
     within slack of the least of them, lowest first, as the whole search gives them."""
     found: list[SearchResult] = []
     crowded: list[float] = []  # the minimum of a node with more than `limit` near-equal sets
-    for v in dict.fromkeys(problem.node):
-        on = [c for c in range(len(problem.members)) if problem.node[c] == v]
-        if sum(len(problem.members[c]) for c in on) < k or (problem.node_cap is not None
-                                                             and problem.node_cap.get(v, k) < k):
+    members, node, lo, node_cap = problem.members, problem.node, problem.lo, problem.node_cap
+    by_node: dict[int, list[int]] = {}  # node -> its classes, nodes in first-listed order
+    for c, v in enumerate(node):
+        by_node.setdefault(v, []).append(c)
+    forced = {node[c] for c in range(len(members)) if lo[c]}
+    for v, on in by_node.items():
+        size = sum(len(members[c]) for c in on)
+        if size < k or (node_cap is not None and node_cap.get(v, k) < k):
             continue  # this node cannot hold the set: no sub-search to prove it
-        if any(problem.lo[c] for c in range(len(problem.members)) if problem.node[c] != v):
+        if forced and (len(forced) > 1 or v not in forced):
             continue  # a forced GPU lies elsewhere
+        if size == k and k > 0:  # the node's only set (what solve_ties of its classes gives)
+            found.append(_whole_node(problem, on))
+            continue
         sub = Problem(members=[problem.members[c] for c in on], lo=[problem.lo[c] for c in on],
                       unary=[problem.unary[c] for c in on], intra=[problem.intra[c] for c in on],
                       inter=[[problem.inter[a][b] for b in on] for a in on], node=[v] * len(on),
@@ -224,6 +231,17 @@ def _ties_per_node(problem: Problem, k: int, slack: float, limit: int, budget: i
         return None
     found = _in_order([result for result in found if result.objective <= low + slack])
     return found if 0 < len(found) <= limit else None
+
+
+def _whole_node(problem: Problem, on: list[int]) -> SearchResult:
+    """_everything of the classes `on` alone (one node's, k GPUs in all): the same sums
+    in the same order, without building their sub-problem."""
+    unary, intra, inter, members = problem.unary, problem.intra, problem.inter, problem.members
+    cap = [len(members[c]) for c in on]
+    m = len(on)
+    objective = sum(unary[c] * n + intra[c] * n * (n - 1) / 2 for c, n in zip(on, cap))
+    objective += sum(inter[on[a]][on[b]] * cap[a] * cap[b] for a in range(m) for b in range(a + 1, m))
+    return SearchResult(tuple(sorted(p for c in on for p in members[c])), objective, True, 1)
 
 
 def _room(problem: Problem, cap: list[int], k: int) -> int:
