@@ -104,22 +104,11 @@ class Daemon:
 
         self.scopes = LeaseScopes(self.alloc, lambda: (self.enforcement.mode, self.enforcement.reason),
                                   self._gpu_numbers, self.bus.publish)
-        # Leased cores kept free of topod itself, always, and with [isolate] system of
-        # every other process too (topod.isolate); only on the host topod runs on.
-        self.isolation = None
+        from topod.service.isolation_task import IsolationTask
+
+        self.isolate = IsolationTask(self.host, config.get("daemon", "state_dir"), self.enforcement,
+                                     lambda: self.config, lambda: self.state.topology.online_cpus)
         self._isolate_due = asyncio.Event()
-        self._kept_off: frozenset[int] | None = None
-        if self.enforcement.mode != "none":
-            import os
-
-            from topod.isolate import Isolation
-
-            self._own_cpus = frozenset(os.sched_getaffinity(0))
-            self.isolation = Isolation(self.host, config.get("daemon", "state_dir"))
-        from topod.slices import SliceIsolation
-
-        # cgroup v2: system.slice, user.slice, init.scope narrowed instead (its own record).
-        self.slices = SliceIsolation(config.get("daemon", "state_dir"))
         self._load = NodeLoadSampler(self.host)
         self._tasks: asyncio.TaskGroup | None = None
         self._loops: dict[str, asyncio.Task] = {}
@@ -261,7 +250,7 @@ class Daemon:
                     "withheld": self.irq_withheld},
             "container": self.container,
             "enforcement": self.enforcement.to_json(),
-            "isolation": self.isolation_health(),
+            "isolation": self.isolate.health(),
             "scopes": self.scopes.health(),
             "loops": self.supervisor.report(now),
             "commits": {"transactions": self.store.commits, "changes": self.store.changes},
@@ -408,11 +397,7 @@ class Daemon:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
         reclaimed = self.alloc.recover()
-        if self.isolation is not None and self.isolation.record:  # left by a crash: give it back
-            restored = await asyncio.to_thread(self.isolation.restore)
-            log.info("isolation_restored", after="crash", **restored)
-        if self.slices.record:
-            await self._restore_slices("crash")
+        await self.isolate.restore("crash")  # what a crash left narrowed is given back
         runner = await serve(self, self.config, listen)
         self.api_address = next((a for a in runner.addresses if isinstance(a, str) and a), None)
         metrics_runner = None
@@ -451,10 +436,7 @@ class Daemon:
                 self.hotplug.close()
             if self.probe is not None:
                 self.probe.close()
-            if self.isolation is not None and self.isolation.record:
-                log.info("isolation_restored", after="stop", **await asyncio.to_thread(self.isolation.restore))
-            if self.slices.record:
-                await self._restore_slices("stop")
+            await self.isolate.restore("stop")
             await asyncio.to_thread(self.store.close)
             if self.state_lock is not None:
                 self.state_lock.close()
@@ -495,7 +477,7 @@ class Daemon:
                        != self.config.get("daemon", "rescan_interval_seconds")),
             "irq": (self.config.get("irq", "mode") != "off", changed("irq")),
             "probe": (bool(self.config.get("probe", "enabled")), changed("probe")),
-            "isolate": (self.isolation is not None or self.isolation_method() == "cgroup", changed("isolate")),
+            "isolate": (self.isolate.wanted, changed("isolate")),
             "scopes": (True, False),
         }
         for name, (want, restart) in wanted.items():
@@ -622,34 +604,9 @@ class Daemon:
             leases = self.alloc.leases()
             leased = frozenset(self.alloc.leased_cpus())
             owners = frozenset(lease.owner_pid for lease in leases if lease.owner_pid)
-            await asyncio.to_thread(self._isolate_once, leased, owners, bool(self.config.get("isolate", "system")))
+            await asyncio.to_thread(self.isolate.apply, leased, owners, bool(self.config.get("isolate", "system")))
 
         await self._supervised("isolate", iteration, self._deadline(interval))
-
-    def _isolate_once(self, leased: frozenset[int], owners: frozenset[int], system: bool) -> None:
-        """In a worker thread: topod off leased CPUs; with [isolate] system, everyone else too
-        (cgroup: the slices' AllowedCPUs=; affinity: each thread's)."""
-        from topod.isolate import keep_off
-
-        if self.isolation is not None and self._kept_off != leased:
-            keep_off(self.host, leased, self._own_cpus)
-            self._kept_off = leased
-        cgroup = system and self.isolation_method() == "cgroup"
-        housekeeping = tuple(c for c in self.state.topology.online_cpus if c not in leased) \
-            if cgroup and leased else ()
-        if housekeeping or self.slices.record:
-            result = self.slices.apply(housekeeping)
-            if result["narrowed_now"] or result["restored_now"] or result["left_alone"] or result["failed"]:
-                log.info("isolation_applied" if housekeeping else "isolation_restored", method="cgroup", **result)
-        if self.isolation is None:
-            return
-        if system and not cgroup:
-            before = self.isolation.last.get("threads_narrowed", 0)
-            result = self.isolation.apply(leased, owners)
-            if result.get("narrowed_now") or result.get("restored_now") or before != result["threads_narrowed"]:
-                log.info("isolation_applied", **result)
-        elif self.isolation.record:
-            log.info("isolation_restored", after="isolate.system off", **self.isolation.restore())
 
     async def _scopes_loop(self) -> None:
         """Leases end when their scopes do: systemd's signals, read by topod.service.lease_scope."""
@@ -662,33 +619,6 @@ class Daemon:
         """N of each leased GPU's /dev/nvidiaN in the current topology (the index when gone)."""
         gpus = {gpu.index: gpu for gpu in self.state.topology.gpus}
         return tuple(gpus[i].device_number if i in gpus else i for i in lease.gpus)
-
-    def isolation_method(self) -> str | None:
-        """cgroup (the slices) or affinity (the threads); None: nothing can be isolated here."""
-        method = self.config.get("isolate", "method")
-        if method == "auto":
-            return "cgroup" if self.enforcement.mode == "cgroup" else "affinity" if self.isolation is not None else None
-        return method if method == "cgroup" or self.isolation is not None else None
-
-    async def _restore_slices(self, after: str) -> None:
-        try:
-            log.info("isolation_restored", after=after, method="cgroup", **await asyncio.to_thread(self.slices.restore))
-        except Exception as exc:  # noqa: BLE001 - kept in the record: tried again at the next start
-            log.error("isolation_not_restored", after=after, method="cgroup", error=str(exc), record=self.slices.path)
-
-    def isolation_health(self) -> dict:
-        if self.isolation_method() == "cgroup":
-            effective = self.enforcement.mode == "cgroup"
-            return {"system": bool(self.config.get("isolate", "system")), "method": "cgroup",
-                    "effective": effective, "reason": None if effective else
-                    f"AllowedCPUs= is recorded on the slices but has no effect here: {self.enforcement.reason}",
-                    **self.slices.last}
-        if self.isolation is None:
-            return {"system": bool(self.config.get("isolate", "system")), "active": False,
-                    "reason": f"enforcement none: {self.enforcement.reason}"}
-        return {"system": bool(self.config.get("isolate", "system")), "method": "affinity",
-                "topod_cpus": None if self._kept_off is None else
-                sorted(self._own_cpus - self._kept_off or self._own_cpus), **self.isolation.last}
 
     async def _irq_loop(self) -> None:
         from topod.service.irq_task import IrqTask
