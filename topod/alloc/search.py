@@ -354,10 +354,13 @@ def _pair_ties(problem: Problem, cap: list[int], slack: float) -> list[SearchRes
     unary, intra, members = problem.unary, problem.intra, problem.members
     forced = sum(lo)
     pairs: list[tuple[float, int, int]] = []
+    room = [node_cap.get(v, 2) for v in node] if node_cap is not None else None  # per class, its node's cap
+    together = max_nodes is None or max_nodes >= 1
+    apart = max_nodes is None or max_nodes >= 2  # two nodes allowed
     for a in range(len(cap)):
         ua, la, va, row = unary[a], lo[a], node[a], problem.inter[a]
-        if (cap[a] >= 2 and forced <= la <= 2 and (max_nodes is None or max_nodes >= 1)
-                and (node_cap is None or node_cap.get(va, 2) >= 2)):
+        ra = room[a] if room is not None else 2
+        if cap[a] >= 2 and forced <= la <= 2 and together and ra >= 2:
             pairs.append((ua + ua + intra[a], a, a))
         if la > 1:
             continue
@@ -365,12 +368,10 @@ def _pair_ties(problem: Problem, cap: list[int], slack: float) -> list[SearchRes
             lb = lo[b]
             if lb > 1 or la + lb < forced:
                 continue
-            vb = node[b]
-            if va == vb:
-                if node_cap is not None and node_cap.get(va, 2) < 2:
+            if node[b] == va:
+                if ra < 2:
                     continue
-            elif ((max_nodes is not None and max_nodes < 2)
-                  or (node_cap is not None and (node_cap.get(va, 2) < 1 or node_cap.get(vb, 2) < 1))):
+            elif not apart or ra < 1 or (room is not None and room[b] < 1):
                 continue
             pairs.append((ua + unary[b] + row[b], a, b))
     low = min((objective for objective, _, _ in pairs), default=0.0)
