@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from topod.alloc.cores import NOWHERE, _pick, core_map, node_cores
+from topod.alloc.cores import NOWHERE, CoreChoice, _pick, core_map, node_cores
 from topod.alloc.nics import NicChoice, _shared, _table
 from topod.alloc.request import Decision, Performance, Placement, slot_init
 from topod.alloc.search import SearchResult
@@ -132,6 +132,7 @@ def test_slot_inits_build_what_the_dataclass_init_builds():
         (Placement, (3, "0000:18:00.0", 0, (4, 36), 0), {"nics": ()}),
         (Performance, (0.5, "SYS", 12.0, {"best": 1.0}), {}),
         (SearchResult, ((1, 2), 1.5, True, 7), {}),
+        (CoreChoice, ({3: (4, 36)}, {3: 0}, False, ("why",)), {}),
         (Decision, ((3,), (placement,), {3: (4, 36)}, (0,), (0,), 0.0, 0.0, "best", "good", 1.0, performance, True,
                     False, ("why",)), {}),
         (Decision, ((3,), (placement,), {3: (4, 36)}, (0,), (0,), 0.0, 0.0, "best", "good", 1.0, performance, True,

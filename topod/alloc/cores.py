@@ -35,9 +35,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import reduce
 from itertools import repeat
-from operator import or_
+from operator import attrgetter, or_
 
 from topod.alloc.errors import InsufficientCpusError
+from topod.alloc.request import slot_init, slot_setters
 from topod.model import Cpu, Gpu, Topology
 
 Core = tuple[int, ...]
@@ -48,6 +49,7 @@ PerGpu = int | Mapping[int, int]
 NODE_CORES_MEMO = 1_024
 WINDOW_TABLES = 1_024  # _windows per core map (by node, CPUs per GPU and the GPU's local CPUs)
 NOWHERE: frozenset[int] = frozenset()  # no local CPUs: no preference
+_INDEX = attrgetter("index")
 
 
 def need(per_gpu: PerGpu, node: int | None) -> int:
@@ -86,6 +88,20 @@ class CoreChoice:
     cpu_node: dict[int, int | None]  # GPU index -> node the CPUs are on
     fallback: bool
     reasons: tuple[str, ...]
+
+
+_CORE_CHOICE = slot_setters(CoreChoice)
+
+
+def _core_choice_init(self, cpus, cpu_node, fallback, reasons) -> None:  # noqa: ANN001 - see request.slot_init
+    set_cpus, set_cpu_node, set_fallback, set_reasons = _CORE_CHOICE
+    set_cpus(self, cpus)
+    set_cpu_node(self, cpu_node)
+    set_fallback(self, fallback)
+    set_reasons(self, reasons)
+
+
+slot_init(CoreChoice, _core_choice_init)
 
 
 @dataclass(slots=True)  # built per node per decision: not frozen, whose __init__ is slower
@@ -379,7 +395,7 @@ def assign_cpus(topology: Topology, gpus: list[Gpu], per_gpu: PerGpu, excluded: 
     reasons: list[str] = []
     fallback = False
     wanted_sizes: set[int] = set()
-    for gpu in sorted(gpus, key=lambda g: g.index):
+    for gpu in sorted(gpus, key=_INDEX) if len(gpus) > 1 else gpus:
         cpus_per_gpu = need(per_gpu, gpu.numa_node) or max(per_gpu.values()) if not isinstance(per_gpu, int) \
             else per_gpu
         wanted_sizes.add(cpus_per_gpu)
@@ -408,16 +424,16 @@ def assign_cpus(topology: Topology, gpus: list[Gpu], per_gpu: PerGpu, excluded: 
             taken[v] = taken.get(v, 0) | bits
         cpus[gpu.index] = picked[0]
         where[gpu.index] = node
-    granted = {len(v) for v in cpus.values()}
     if not describe:
         pass
     elif isinstance(per_gpu, int):
+        granted = {len(v) for v in cpus.values()}
         if any(size > per_gpu for size in granted):
             reasons.append(f"cpus_per_gpu {per_gpu} rounded up to whole physical cores "
                            f"({', '.join(str(s) for s in sorted(granted))} CPUs per GPU)")
     else:
         reasons.append(f"cpus_per_gpu auto: each GPU's fair share of its node "
-                       f"({', '.join(str(s) for s in sorted(wanted_sizes))} CPUs per GPU)")
+                       f"({', '.join(map(str, sorted(wanted_sizes)))} CPUs per GPU)")
     return CoreChoice(cpus, where, fallback, tuple(reasons))
 
 
