@@ -167,7 +167,7 @@ def test_a_request_refused_just_before_a_release_is_served_when_it_starts_to_wai
     """The hot path starts a task for a request that must wait: a release that lands
     between the refusal and the wait must not leave it waiting for the next one."""
     from topod.api.peer import Caller
-    from topod.service.leases import Queued
+    from topod.service.lease_queue import Queued
 
     root = Caller(uid=0, gid=0, pid=os.getpid(), may_allocate=True, is_admin=True)
 

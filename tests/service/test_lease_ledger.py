@@ -21,8 +21,10 @@ from topod.config import load_config
 from topod.discover.scan import discover
 from topod.events import EventBus
 from topod.host import HostRoot
+from topod.service.lease_queue import WaitTimeoutError
+from topod.service.lease_rules import PermissionDeniedError
 from topod.service.lease_store import LeaseStore, LeaseStoreError
-from topod.service.leases import LeaseService, PermissionDeniedError, WaitTimeoutError
+from topod.service.leases import LeaseService
 from topod.service.owner import OwnerWatch
 from topod.service.state import HostState
 

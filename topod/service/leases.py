@@ -11,80 +11,35 @@ grant made in that instant is taken back.
 from __future__ import annotations
 
 import asyncio
-import os
-import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Protocol
 
 import structlog
 
 from topod.alloc.errors import InvalidRequestError
 from topod.alloc.nics import nic_environment
-from topod.alloc.policy import PolicySettings, effective_priority
+from topod.alloc.policy import PolicySettings
 from topod.alloc.request import PID_MAX_LIMIT, FreeState, RequestLimits, ServiceRequest
 from topod.api.peer import Caller
 from topod.cpulist import format_cpulist
 from topod.enforce import lease_mode
 from topod.errors import AllocationError, TopodError
 from topod.events import EventBus
-from topod.service.lease import DecisionMemo, Lease
+from topod.service.lease import DecisionMemo, Lease, new_id
+from topod.service.lease_queue import (WAITABLE_CODES, QueuedRequestError, QueueFullError, Queued, Waiter,
+                                       WaitTimeoutError, serving_order, withdraw)
+from topod.service.lease_rules import PermissionDeniedError, authorize_request, telemetry_authority
 from topod.service.lease_store import LeaseStore, LeaseStoreError
-from topod.service.owner import OwnerWatch, descends_from, process_exists, process_start_time
+from topod.service.owner import OwnerWatch, process_exists, process_start_time
 from topod.service.state import HostState
 
 log = structlog.get_logger("topod")
-WAITABLE_CODES = ("insufficient_gpus", "level_unreachable", "insufficient_cpus", "insufficient_nics")
-# Lease and waiter ids: unique, not secrets (who may end a lease is decided by the caller's
-# credentials). Seeded once from the kernel: a getrandom() per lease released the GIL
-# mid-request and cost up to 50 µs under load.
-_IDS = random.Random(os.urandom(32))
-
-
-def new_id(hex_digits: int = 16) -> str:
-    return f"{_IDS.getrandbits(hex_digits * 4):0{hex_digits}x}"
-
-
-class PermissionDeniedError(TopodError):
-    code = "permission_denied"
 
 
 class LeaseNotFoundError(TopodError):
     code = "lease_not_found"
-
-
-class QueueFullError(TopodError):
-    code = "queue_full"
-
-
-class WaitTimeoutError(AllocationError):
-    code = "wait_timeout"
-
-
-class QueuedRequestError(TopodError):
-    code = "internal_error"
-
-
-@dataclass(slots=True)
-class Waiter:
-    request: Any
-    service: ServiceRequest
-    caller: Caller
-    enqueued: float
-    future: asyncio.Future  # resolves to (Lease, commit future)
-    connected: Callable[[], bool]
-    victims: tuple[str, ...] = ()
-    id: str = field(default_factory=lambda: new_id(12))
-
-
-@dataclass(frozen=True, slots=True)
-class Queued:
-    """A request that cannot be granted now and may wait (start_allocation's answer)."""
-
-    request: Any
-    service: ServiceRequest
-    free: FreeState  # what was taken when it was refused
 
 
 class LeaseFiles(Protocol):
@@ -307,39 +262,11 @@ class LeaseService:
         return env
 
     def _authorize(self, service: ServiceRequest, request, caller: Caller) -> None:
-        """What a request may ask for depends on who asks: an owner process that is the
-        caller or its descendant (root: any but PID 1 and topod itself, which never exit),
-        and a priority above [alloc] max_priority_non_root only for root."""
-        pid = service.owner_pid
-        if pid:
-            if pid in (1, os.getpid()):
-                raise PermissionDeniedError(f"owner_pid {pid} never exits ({'init' if pid == 1 else 'topod itself'}): "
-                                            "the lease would never end; give the job's own pid, or a ttl")
-            if not caller.is_admin and not descends_from(pid, caller.pid):
-                raise PermissionDeniedError(f"owner_pid {pid} is neither the calling process ({caller.pid}) nor one "
-                                            "of its descendants; only root may name another process")
-        ceiling = int(self.settings.get("max_priority_non_root", 0))
-        if request.priority > ceiling and not caller.is_admin:
-            raise PermissionDeniedError(f"priority {request.priority} is above {ceiling} "
-                                        "([alloc] max_priority_non_root): only root may ask for more")
+        authorize_request(service, request, caller, int(self.settings.get("max_priority_non_root", 0)))
 
     def telemetry_authority(self, caller: Caller) -> Callable[[Any], None] | None:
-        """Who may report a link's bandwidth (it steers everyone's placements): root any
-        link; anyone else only links whose every end is a GPU or memory node of one of
-        its own leases. None: no check (root)."""
-        if caller.is_admin:
-            return None
-        own = [lease for lease in self.store.all() if lease.owner_uid == caller.uid]
-        addresses = {address for lease in own for address in lease.addresses}
-        nodes = {f"node{node}" for lease in own for node in lease.memory_nodes}
-
-        def authorize(link: Any) -> None:
-            foreign = [end for end in (link.src, link.dst) if end not in addresses and end not in nodes]
-            if foreign:
-                raise PermissionDeniedError(f"telemetry for {link}: {', '.join(foreign)} is not a GPU or memory node "
-                                            f"of a lease of uid {caller.uid}; only root may report other links")
-
-        return authorize
+        """topod.service.lease_rules.telemetry_authority over the current leases."""
+        return telemetry_authority(caller, self.store.all())
 
     def _gpu_memory_node(self, index: int, address: str) -> int | None:
         gpu = self._gpus_by_index().get(index)
@@ -470,7 +397,7 @@ class LeaseService:
             # step the timeout fired. Withdrawing and reading the grant is one step (no await
             # between them), so either the waiter is withdrawn and refused, or it was granted
             # and this still-connected client is told so: never a lease nobody was told of.
-            granted = _withdraw(waiter)
+            granted = withdraw(waiter)
             if granted is None:
                 self._drop_waiter(waiter)
                 raise self._refuse("timeout", WaitTimeoutError(f"no GPUs became available within "
@@ -480,7 +407,7 @@ class LeaseService:
         except BaseException as exc:
             # The client hung up (cancelled) or the request failed: a grant made for it in
             # the meantime is taken back.
-            granted = _withdraw(waiter)
+            granted = withdraw(waiter)
             if granted is not None:
                 self._take_back(granted[0])
             self._drop_waiter(waiter)
@@ -505,9 +432,7 @@ class LeaseService:
         """Grant waiting requests that now fit, highest effective priority first; only to
         clients still connected."""
         now = self.clock()
-        order = sorted(self.waiters, key=lambda w: -effective_priority(
-            w.request.priority, now - w.enqueued, self.policy.aging_seconds, self.policy.max_aging_boost))
-        for waiter in order:
+        for waiter in serving_order(self.waiters, now, self.policy):
             if waiter.future.done():
                 continue
             if not waiter.connected():
@@ -777,19 +702,6 @@ class LeaseService:
     def _count(self, result: str, reason: str = "") -> None:
         key = (result, reason)
         self.outcomes[key] = self.outcomes.get(key, 0) + 1
-
-
-def _withdraw(waiter: Waiter) -> tuple[Lease, asyncio.Future | None] | None:
-    """Take a waiter out of the running for grants and say whether it was granted first:
-    (lease, commit) when it was, None when it now never will be. Synchronous on the loop,
-    so no grant can slip in between the look and the cancel."""
-    future = waiter.future
-    if not future.done():
-        future.cancel()
-        return None
-    if future.cancelled() or future.exception() is not None:
-        return None
-    return future.result()
 
 
 def _owner_alive(lease: Lease) -> bool:
