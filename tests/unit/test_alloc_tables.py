@@ -161,6 +161,17 @@ def test_slot_init_refuses_an_init_that_is_not_the_fields():
             slot_init(Placement, init)
 
 
+def test_slot_init_refuses_a_class_whose_post_init_it_would_skip():
+    from topod.alloc.request import RequestLimits
+
+    def init(self, max_wait_seconds=3600.0, max_ttl_seconds=7 * 24 * 3600.0, pid_max=RequestLimits().pid_max):  # noqa: ANN001
+        raise AssertionError
+
+    with pytest.raises(TypeError, match="__post_init__"):
+        slot_init(RequestLimits, init)
+    assert RequestLimits.__init__ is not init  # left as it was
+
+
 def test_whole_node_is_what_solve_ties_gives_for_a_node_with_exactly_k_free():
     from topod.alloc.search import Problem, _whole_node, solve_ties
 

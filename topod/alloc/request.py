@@ -290,7 +290,8 @@ def slot_init(cls: type, init):  # noqa: ANN001, ANN201 - a function, returned a
     one setting each slot through its member descriptor (slot_setters), where the generated
     one goes through object.__setattr__ by name, about twice as slow (a decision builds a
     Decision, a Performance and a Placement per GPU; the search several SearchResults).
-    Checked here: its parameters are the fields, in order, with the fields' defaults."""
+    Checked here: its parameters are the fields, in order, with the fields' defaults, and
+    the class has no __post_init__ (which the generated __init__ would call)."""
     code = init.__code__
     names = code.co_varnames[1:code.co_argcount]
     fields = cls.__dataclass_fields__
@@ -298,6 +299,8 @@ def slot_init(cls: type, init):  # noqa: ANN001, ANN201 - a function, returned a
     if names != tuple(fields) or (init.__defaults__ or ()) != defaults or any(
             f.default_factory is not MISSING for f in fields.values()):
         raise TypeError(f"{init.__name__} does not take {cls.__name__}'s fields {tuple(fields)} with their defaults")
+    if hasattr(cls, "__post_init__"):  # the generated __init__ calls it; a hand-written one would skip it
+        raise TypeError(f"{cls.__name__} has a __post_init__: keep its generated __init__")
     init.__name__, init.__qualname__ = "__init__", f"{cls.__qualname__}.__init__"
     cls.__init__ = init
     return init
