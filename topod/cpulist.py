@@ -6,11 +6,10 @@ or the host's possible CPUs) raises CpuListRangeError instead of expanding, so
 
 from __future__ import annotations
 
-import re
+from topod.sysnames import is_hex
 
 # More than any kernel's NR_CPUS (8,192 on the largest distribution configs).
 MAX_CPUS = 1 << 16
-_MASK = re.compile(r"[0-9a-fA-F]{1,8}(?:,[0-9a-fA-F]{1,8})*")
 
 
 # Padding around a list or mask, not content. Besides whitespace, a NUL after the newline:
@@ -92,7 +91,7 @@ _MASKS: dict[tuple[str, int], tuple[int, ...]] = {}
 
 
 def _cpumask(text: str, limit: int) -> tuple[int, ...]:
-    if not _MASK.fullmatch(text):
+    if not all(is_hex(word, 1, 8) for word in text.split(",")):
         raise ValueError(f"bad cpumask {_short(text)}")
     cpus: list[int] = []
     for position, word in enumerate(reversed(text.split(","))):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import io
 import json
-import re
 import tarfile
 import time
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ from topod.discover.notes import Notes
 from topod.discover.nvml import NVML_FILE, NvmlReport, read_live_nvml
 from topod.host import HostRoot
 from topod.outfile import replaced_whole
+from topod.sysnames import is_pci_address
 
 CPU_FILES = ("online", "possible", "present", "offline", "isolated", "nohz_full", "kernel_max")
 CPU_TOPOLOGY = ("core_id", "physical_package_id", "die_id", "thread_siblings_list", "core_cpus_list",
@@ -35,7 +35,6 @@ PROC_FILES = ("cpuinfo", "meminfo", "stat", "interrupts", "softirqs", "cmdline",
 ACCESS_FILES = ("read_bandwidth", "write_bandwidth", "read_latency", "write_latency")
 TIER_DIR = "sys/devices/virtual/memory_tiering"
 IRQ_FILES = ("smp_affinity_list", "effective_affinity_list", "node", "smp_affinity")
-PCI_ADDRESS = re.compile(r"^[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +130,7 @@ def _hugepage_entries(host: HostRoot, base: str) -> Iterator[Entry]:
 def _driver_gpu_entries(host: HostRoot) -> Iterator[Entry]:
     """/proc/driver/nvidia/gpus/<bdf>/information: the device minor of each GPU."""
     for address in host.listdir("proc/driver/nvidia/gpus"):
-        if PCI_ADDRESS.match(address.lower()):
+        if is_pci_address(address.lower(), lower=True):
             yield from _file(host, f"proc/driver/nvidia/gpus/{address}/information")
 
 
@@ -143,7 +142,7 @@ def _pci_entries(host: HostRoot) -> Iterator[Entry]:
             real = (host.resolve(f"{bus}/{name}") or "").lstrip("/")
             if real.startswith("sys/devices/") and not real.split("/")[2].startswith("pci"):
                 yield from _function_files(host, real)  # outside sys/devices/pci*: not walked below
-        elif PCI_ADDRESS.match(name):  # a function outside any host bridge: a plain directory
+        elif is_pci_address(name, lower=True):  # a function outside any host bridge: a plain directory
             yield from _function_files(host, f"{bus}/{name}")
     for top in host.listdir("sys/devices"):
         if top.startswith("pci"):
@@ -156,7 +155,7 @@ def _pci_entries(host: HostRoot) -> Iterator[Entry]:
 def _pci_tree(host: HostRoot, path: str) -> Iterator[Entry]:
     for name in host.listdir(path):
         child = f"{path}/{name}"
-        if not PCI_ADDRESS.match(name) or host.readlink(child) is not None:
+        if not is_pci_address(name, lower=True) or host.readlink(child) is not None:
             continue
         yield from _function_files(host, child)
         yield from _pci_tree(host, child)

@@ -113,7 +113,9 @@ def test_an_output_file_that_cannot_be_written_is_one_line_naming_it(h800, tmp_p
 def test_root_on_a_daemon_command_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["--root", "/x", "leases"])
-    assert exit_info.value.code == 2 and "reads no host root" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "reads no host root" in err
+    assert err.startswith("usage: topoctl [-h]")
 
 
 def test_no_daemon_is_exit_status_75_in_one_line():
@@ -224,6 +226,49 @@ def test_start_up_imports_only_the_chosen_command(h800):
                    # inspect and ast: the topology path is built from topod.record instead.
                    "dataclasses", "inspect", "ast", "pathlib", "typing", "urllib.parse", "ipaddress"):
         assert module not in imported, module
+
+
+ONE_COMMAND_LINES = [
+    ["topo", "--root", "/x", "--json"], ["--json", "topo"], ["--root", "/x", "topo", "--format", "dot"],
+    ["allocate", "--gpus", "2", "--cpus-per-gpu", "4", "--wait", "3"], ["release", "abc"],
+    ["--socket", "/s", "leases"], ["irq", "plan", "--interval", "2"], ["export", "slurm-gres"],
+    ["watch", "--count", "3"], ["run", "--gpus", "1", "--", "true"], ["completion", "bash"],
+]
+
+
+@pytest.mark.parametrize("argv", ONE_COMMAND_LINES)
+def test_a_command_line_parses_with_only_its_command_exactly_as_with_every_command(argv):
+    from topod.cli.commands import build_parser as parser_for
+
+    lean = parser_for(argv)
+    [action] = [a for a in lean._actions if isinstance(a, argparse._SubParsersAction)]
+    assert set(action.choices) == {argv[[i for i, t in enumerate(argv) if t in action.choices][0]]}
+    assert vars(lean.parse_args(argv)) == vars(parser_for(argv, every_command=True).parse_args(argv)) \
+        == vars(build_parser().parse_args(argv))
+
+
+@pytest.mark.parametrize("argv", [["--bogus", "topo"], ["topo", "--json", "stray"], ["leases", "extra"]])
+def test_a_top_level_error_is_told_by_the_whole_parser_listing_every_command(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(argv)
+    assert err == capsys.readouterr().err  # word for word the whole parser's error
+    assert "usage: topoctl" in err and "unrecognized arguments" in err
+
+
+def test_top_level_help_before_a_command_lists_every_command(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help", "topo"])
+    out = capsys.readouterr().out
+    assert exit_info.value.code == 0
+    for command in ("topo", "allocate", "release", "doctor", "completion"):
+        assert f"    {command}" in out, command
+    with pytest.raises(SystemExit):
+        main(["topo", "--help"])  # after the command: that command's help
+    assert "usage: topoctl topo" in capsys.readouterr().out
 
 
 def test_help_documents_the_exit_statuses(capsys):

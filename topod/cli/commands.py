@@ -1,9 +1,11 @@
 """topoctl's parser, built from a light table: argparse only, no handler imported.
 
 Each command names its handler as "module:function"; topoctl imports that module only
-when the command runs. Only the chosen command's arguments are added when topoctl
-parses a command line (`build_parser(argv)`); `build_parser()` builds all of them (help,
-completion scripts, man pages).
+when the command runs. When topoctl parses a command line (`build_parser(argv)`) only
+the chosen command's parser is made (each one made is ~40 us, ~1 ms for all: issue 26);
+an error at the top level, whose usage lists every command, is then told by the whole
+parser (`WholeParserNeeded`). `build_parser()` builds all of them (help, completion
+scripts, man pages).
 
 Global options (`--socket`, `--json`, `--root`) are accepted before or after the command:
 the top-level parser holds their defaults, and each subcommand adds them again with
@@ -360,11 +362,31 @@ def chosen_command(argv: Sequence[str]) -> str | None:
     return None
 
 
-def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
-    """The whole parser (argv None), or one whose only populated command is argv's."""
+class WholeParserNeeded(Exception):
+    """The one-command parser met an error at the top level: parse again with the whole
+    parser (`build_parser(argv, every_command=True)`), whose usage names every command."""
+
+
+class _OneCommandParser(argparse.ArgumentParser):
+    def error(self, message: str):  # noqa: ANN201 - never returns, as argparse's (typing costs ~2 ms to import)
+        raise WholeParserNeeded(message)
+
+
+def _asks_for_top_level_help(argv: Sequence[str], command: str) -> bool:
+    """-h or --help before the command word: the top-level help, which lists every command."""
+    before = argv[: list(argv).index(command)] if command in argv else argv
+    return any(token in ("-h", "--help") for token in before)
+
+
+def build_parser(argv: Sequence[str] | None = None, *, every_command: bool = False) -> argparse.ArgumentParser:
+    """The whole parser (argv None), or one for argv: only its command's parser, when argv
+    names one and asks for no top-level help (else every command's, only argv's populated)."""
     from topod import __version__
 
-    parser = argparse.ArgumentParser(
+    wanted = None if argv is None else chosen_command(argv)
+    populate_all = wanted not in BY_NAME
+    one_command = not (populate_all or every_command or _asks_for_top_level_help(argv, wanted))
+    parser = (_OneCommandParser if one_command else argparse.ArgumentParser)(
         prog="topoctl", allow_abbrev=False, formatter_class=Formatter,
         description="topod's command-line client: host views (topo, irq, export, doctor, links, snapshot) "
                     "and the daemon's leases (allocate, release, renew, leases, watch, status, run)",
@@ -374,9 +396,9 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true", default=False, help="machine-readable output")
     parser.add_argument("--root", default=None, metavar="DIR", help=ROOT_HELP)
     subparsers = _sub(parser, "command_name", "COMMAND")
-    wanted = None if argv is None else chosen_command(argv)
-    populate_all = wanted not in BY_NAME
     for command in COMMANDS:
+        if one_command and command.name != wanted:
+            continue
         sub = subparsers.add_parser(command.name, help=command.help, description=command.help, allow_abbrev=False,
                                     formatter_class=Formatter)
         if populate_all or command.name == wanted:

@@ -172,19 +172,24 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     if argv is None:
         _fewer_collections()
-    from topod.cli.commands import BY_NAME, build_parser
+    from topod.cli.commands import BY_NAME, WholeParserNeeded, build_parser
 
     if argv is None:
         _untranslated()
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(argv)
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except WholeParserNeeded:  # parsing has no effects: the whole parser tells the error, as it would
+        parser = build_parser(argv, every_command=True)
+        args = parser.parse_args(argv)
     target = getattr(args, "handler", None)
     if target is None:
         parser.print_help(sys.stderr)
         return 2
     if args.root is not None and not BY_NAME[args.command_name].host_side:
-        parser.error(f"--root: `topoctl {args.command_name}` reads no host root (it asks the daemon)")
+        build_parser(argv, every_command=True).error(
+            f"--root: `topoctl {args.command_name}` reads no host root (it asks the daemon)")
     original = sys.stdout
     sys.stdout = _GuardedStream(original)
     try:

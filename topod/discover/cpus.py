@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import re
-
 from topod.cpulist import MAX_CPUS, CpuListRangeError, parse_cpulist
 from topod.discover.notes import Notes
 from topod.host import HostRoot
 from topod.model import Cpu
 from topod.record import record
+from topod.sysnames import numbered
 
 CPU_DIR = "sys/devices/system/cpu"
-_CPU_NAME = re.compile(r"^cpu(\d+)$")
 
 
 @record(frozen=False)
@@ -47,8 +45,7 @@ def read_cpu_facts(host: HostRoot, notes: Notes) -> CpuFacts:
     host's possible CPUs, so no later CPU list can name (or expand to) more."""
     present = []
     for name in host.listdir(CPU_DIR):
-        if match := _CPU_NAME.match(name):
-            cpu = int(match.group(1))
+        if (cpu := numbered(name, "cpu")) is not None:
             if cpu < MAX_CPUS:
                 present.append(cpu)
             else:

@@ -5,16 +5,15 @@ controller may have `<function>/block/NAME` directly."""
 
 from __future__ import annotations
 
-import re
 
 from topod.host import HostRoot
+from topod.sysnames import numbered
 
-_VIRTIO = re.compile(r"^virtio\d+$")
 VIRTIO_CHILD_DIRS = ("net", "block")
 
 
 def is_virtio_dir(name: str) -> bool:
-    return bool(_VIRTIO.match(name))
+    return numbered(name, "virtio") is not None
 
 
 def nested_child_names(host: HostRoot, base: str, entries: frozenset[str] | None) -> list[str]:

@@ -8,16 +8,15 @@ cgroup device fencing and doctor's fd -> GPU mapping need the minor, never the i
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 
 from topod.discover.notes import Notes
 from topod.host import HostRoot
 from topod.model import Gpu
 from topod.record import replace
+from topod.sysnames import is_pci_address
 
 DRIVER_GPUS_DIR = "proc/driver/nvidia/gpus"
-_BDF = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 
 
 def parse_device_minor(text: str) -> int | None:
@@ -40,7 +39,7 @@ def read_driver_minors(host: HostRoot, notes: Notes | None = None) -> dict[str, 
     minors: dict[str, int] = {}
     for name in host.listdir(DRIVER_GPUS_DIR):
         address = name.lower()
-        if not _BDF.match(address):
+        if not is_pci_address(address, longest_domain=8, lower=True):
             continue
         if len(address.split(":")[0]) > 4:  # an NVML-style 8-digit domain
             address = f"{int(address.split(':')[0], 16):04x}:{address.split(':', 1)[1]}"

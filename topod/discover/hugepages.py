@@ -6,22 +6,19 @@ counted in pages. A kernel without hugetlbfs has no hugepages directory: no pool
 
 from __future__ import annotations
 
-import re
 
 from topod.discover.notes import Notes
 from topod.host import HostRoot
 from topod.model import HugePages
+from topod.sysnames import numbered
 
-_SIZE_DIR = re.compile(r"^hugepages-(\d{1,9})kB$")
 MAX_PAGES = 1 << 40  # more pages than any machine has memory for: garbage
 
 
 def parse_hugepage_size(name: str) -> int | None:
     """'hugepages-2048kB' -> 2048 (KiB); None for anything else."""
-    match = _SIZE_DIR.match(name)
-    if match is None or int(match.group(1)) == 0:
-        return None
-    return int(match.group(1))
+    size = numbered(name, "hugepages-", "kB", max_digits=9)
+    return size or None
 
 
 def parse_page_count(text: str) -> int:

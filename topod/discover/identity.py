@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import re
-
 from topod.host import HostRoot
+from topod.sysnames import is_hostname
 
 HOSTNAME_FILE = "proc/sys/kernel/hostname"
-_HOSTNAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,252})$")
 
 
 def parse_hostname(text: str | None) -> str | None:
@@ -15,7 +13,7 @@ def parse_hostname(text: str | None) -> str | None:
     if text is None:
         return None
     name = text.strip().splitlines()[0].strip() if text.strip() else ""
-    return name if _HOSTNAME.match(name) else None
+    return name if is_hostname(name) else None
 
 
 def read_hostname(host: HostRoot) -> str | None:

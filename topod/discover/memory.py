@@ -14,19 +14,17 @@ Parsing functions take text; `apply_memory_facts` takes a HostRoot and the nodes
 
 from __future__ import annotations
 
-import re
 
 from topod.cpulist import parse_cpulist
 from topod.discover.notes import Notes
 from topod.host import HostRoot
 from topod.model import Gpu, MemoryAccess, NumaNode
 from topod.record import replace
+from topod.sysnames import numbered
 
 NODE_DIR = "sys/devices/system/node"
 TIER_DIR = "sys/devices/virtual/memory_tiering"
 ACCESS_FILES = ("read_bandwidth", "write_bandwidth", "read_latency", "write_latency")
-_NODE_NAME = re.compile(r"^node(\d+)$")
-_TIER_NAME = re.compile(r"^memory_tier(\d+)$")
 # A GPU memory node found by the sysfs heuristic must hold this share of the GPU's memory,
 # up to 100 % plus the slack (firmware carves out a little; nodes round to pages).
 GPU_MEMORY_MATCH = (0.85, 1.05)
@@ -43,7 +41,7 @@ def parse_access_value(text: str) -> int | None:
 
 def parse_initiator_names(names: list[str]) -> list[int]:
     """The nodeN entries of an initiators/ directory -> sorted node ids."""
-    return sorted(int(m.group(1)) for name in names if (m := _NODE_NAME.match(name)))
+    return sorted(node for name in names if (node := numbered(name, "node")) is not None)
 
 
 def parse_tier_nodelist(text: str) -> list[int]:
@@ -70,8 +68,8 @@ def read_memory_tiers(host: HostRoot, notes: Notes) -> dict[int, int]:
     """node id -> memory tier number (the N of memory_tierN)."""
     tier_of: dict[int, int] = {}
     for name in host.listdir(TIER_DIR):
-        match = _TIER_NAME.match(name)
-        if match is None:
+        tier = numbered(name, "memory_tier")
+        if tier is None:
             continue
         text = host.read(f"{TIER_DIR}/{name}/nodelist")
         if text is None:
@@ -82,7 +80,7 @@ def read_memory_tiers(host: HostRoot, notes: Notes) -> dict[int, int]:
             notes.add("bad_value", f"{TIER_DIR}/{name}/nodelist", "not a node list; ignored")
             continue
         for node in nodes:
-            tier_of.setdefault(node, int(match.group(1)))
+            tier_of.setdefault(node, tier)
     return tier_of
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import re
-
 from topod.cpulist import CpuListRangeError, parse_cpumask
 from topod.discover.cpus import read_cpulist_file
 from topod.discover.hugepages import read_node_hugepages
@@ -11,17 +9,24 @@ from topod.discover.notes import Notes
 from topod.host import HostRoot
 from topod.model import NumaNode
 from topod.record import replace
+from topod.sysnames import MAX_NUMBER_DIGITS, numbered
 
 NODE_DIR = "sys/devices/system/node"
-_NODE_NAME = re.compile(r"^node(\d+)$")
-_CPU_NAME = re.compile(r"^cpu(\d+)$")
-_MEMTOTAL = re.compile(r"MemTotal:\s+(\d+)\s*kB")
 
 
 def parse_meminfo_total(text: str) -> int | None:
     """Bytes of 'Node N MemTotal: X kB' (or /proc/meminfo's MemTotal)."""
-    match = _MEMTOTAL.search(text)
-    return int(match.group(1)) * 1024 if match else None
+    start = 0
+    while (found := text.find("MemTotal:", start)) >= 0:
+        start = found + len("MemTotal:")
+        after = text[start:]
+        value = after.lstrip()
+        if len(value) == len(after):  # no space after the colon: not this one
+            continue
+        digits = value[: len(value) - len(value.lstrip("0123456789"))]
+        if digits and len(digits) <= MAX_NUMBER_DIGITS and value[len(digits):].lstrip().startswith("kB"):
+            return int(digits) * 1024
+    return None
 
 
 def parse_distance_row(text: str) -> list[int]:
@@ -33,7 +38,7 @@ def parse_distance_row(text: str) -> list[int]:
 
 
 def read_numa_nodes(host: HostRoot, online_cpus: set[int], notes: Notes) -> list[NumaNode]:
-    ids = sorted(int(m.group(1)) for name in host.listdir(NODE_DIR) if (m := _NODE_NAME.match(name)))
+    ids = sorted(node for name in host.listdir(NODE_DIR) if (node := numbered(name, "node")) is not None)
     nodes: list[NumaNode] = []
     for node_id in ids:
         base = f"{NODE_DIR}/node{node_id}"
@@ -74,7 +79,7 @@ def _read_node_cpus(host: HostRoot, base: str, notes: Notes) -> list[int]:
         except ValueError:
             notes.add("bad_value", f"{base}/cpumap", "not a CPU mask; used the cpuN entries")
     entries = [cpu for name in host.listdir(base)
-               if (m := _CPU_NAME.match(name)) and (cpu := int(m.group(1))) < notes.cpu_limit]
+               if (cpu := numbered(name, "cpu")) is not None and cpu < notes.cpu_limit]
     if not entries and not host.exists(f"{base}/cpumap"):
         notes.add("missing_file", f"{base}/cpulist", "no cpulist, cpumap or cpuN entries; node has no known CPUs")
     return sorted(entries)

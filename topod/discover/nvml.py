@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 
 from topod.discover.notes import Notes
 from topod.host import HostRoot
 from topod.discover.fabric import GpuExtras, live_extras, parse_extras
 from topod.model import NvLink, NvlinkFabric
 from topod.record import record
+from topod.sysnames import split_bus_id
 
 TYPE_CHECKING = False  # typing costs ~3 ms of every topoctl start; annotations are never evaluated
 if TYPE_CHECKING:
@@ -40,15 +40,14 @@ class NvmlReport:
     gpus: tuple[NvmlGpu, ...]
 
 
-_BUS_ID = re.compile(r"^(?:([0-9a-f]{1,8}):)?([0-9a-f]{2}:[0-9a-f]{2}\.[0-7])$")
 
 
 def normalize_bus_id(bus_id: str) -> str:
     """NVML's '00000000:18:00.0' -> sysfs's '0000:18:00.0' (lower case); ValueError otherwise."""
-    match = _BUS_ID.match(bus_id.strip().lower())
-    if match is None:
+    parts = split_bus_id(bus_id.strip().lower())
+    if parts is None:
         raise ValueError(f"not a PCI bus id: {bus_id!r}")
-    return f"{int(match.group(1) or '0', 16):04x}:{match.group(2)}"
+    return f"{int(parts[0] or '0', 16):04x}:{parts[1]}"
 
 
 @functools.lru_cache(maxsize=1)

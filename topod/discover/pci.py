@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import re
-
 from topod.cpulist import CpuListRangeError, parse_cpulist, parse_cpumask
 from topod.discover.devnames import nested_child_names
 from topod.discover.memo import DiscoveryMemo, PciIdentity, directory_stamp
@@ -12,10 +10,9 @@ from topod.host import HostDir, HostRoot
 from topod.discover.rdma import read_rdma_ports
 from topod.model import NumaNode, PciDevice, PciLink, RdmaPort
 from topod.record import field, record
+from topod.sysnames import is_host_bridge, is_pci_address
 
 BUS_DIR = "sys/bus/pci/devices"
-PCI_ADDRESS = re.compile(r"^[0-9a-fA-F]{4,}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
-HOST_BRIDGE = re.compile(r"^pci[0-9a-fA-F]{4,}:[0-9a-fA-F]{2}$")
 
 NVIDIA = 0x10DE
 AMD_ATI = 0x1002
@@ -189,17 +186,17 @@ def _child_names(attrs: _Attrs) -> tuple[list[str], list[str]]:
 def _split_device_path(real: str) -> tuple[str | None, list[str]]:
     """'/sys/devices/pci0000:17/0000:17:00.0/0000:18:00.0' -> ('pci0000:17', [addresses])."""
     parts = [p for p in real.split("/") if p]
-    root_complex = next((p for p in parts if HOST_BRIDGE.match(p)), None)
+    root_complex = next((p for p in parts if is_host_bridge(p)), None)
     if root_complex is None:
         return None, []
     after = parts[parts.index(root_complex) + 1 :]
-    return root_complex, [p for p in after if PCI_ADDRESS.match(p)]
+    return root_complex, [p for p in after if is_pci_address(p)]
 
 
 def _function_paths(host: HostRoot, notes: Notes) -> list[tuple[str, str]]:
     """(address, real sysfs path) for every function, from bus/pci/devices or, when that
     directory is absent, by walking sys/devices/pci*."""
-    entries = [name for name in host.listdir(BUS_DIR) if PCI_ADDRESS.match(name)]
+    entries = [name for name in host.listdir(BUS_DIR) if is_pci_address(name)]
     found: list[tuple[str, str]] = []
     if entries:
         memo: dict[str, str] = {}  # the bus directory and the bridges every link shares
@@ -211,7 +208,7 @@ def _function_paths(host: HostRoot, notes: Notes) -> list[tuple[str, str]]:
             found.append((name.lower(), real))
         return found
     for top in host.listdir("sys/devices"):
-        if HOST_BRIDGE.match(top):
+        if is_host_bridge(top):
             _walk_host_bridge(host, f"/sys/devices/{top}", found, notes)
     return found
 
@@ -228,7 +225,7 @@ def _walk_host_bridge(host: HostRoot, path: str, found: list[tuple[str, str]], n
         child = f"{path}/{name}"
         # Links are not followed: sysfs has none among device directories, and a link
         # here could loop back up the tree.
-        if PCI_ADDRESS.match(name) and host.is_dir(child) and host.readlink(child) is None:
+        if is_pci_address(name) and host.is_dir(child) and host.readlink(child) is None:
             found.append((name.lower(), child))
             _walk_host_bridge(host, child, found, notes, depth + 1)
 

@@ -20,10 +20,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from topod.discover.devnames import is_virtio_dir
-from topod.discover.pci import CHILD_NAME_DIRS, PCI_ADDRESS
+from topod.discover.pci import CHILD_NAME_DIRS
 from topod.errors import ConfigError
 from topod.host import HostRoot
 from topod.model import HostWarning, PciDevice, Topology
+from topod.sysnames import is_pci_address
 
 WATCH_SUBSYSTEMS = ("pci", "infiniband", "net", "nvme")
 # Children discovery records in PciDevice.names live in <function>/<dir>/<name>; the
@@ -107,17 +108,17 @@ def direct_pci_parent(sys_path: str, subsystem: str) -> str | None:
     """'/sys/devices/pci0000:17/0000:18:00.0/net/ib0', 'net' -> '0000:18:00.0'; None
     when the device is not laid out as <function>/<subsystem>/<name> (virtual, USB...)."""
     parts = [p for p in sys_path.split("/") if p]
-    if len(parts) >= 3 and parts[-2] == subsystem and PCI_ADDRESS.match(parts[-3]):
+    if len(parts) >= 3 and parts[-2] == subsystem and is_pci_address(parts[-3]):
         return parts[-3].lower()
     # virtio: <function>/virtioN/<subsystem>/<name> (discovery names these too)
-    if len(parts) >= 4 and parts[-2] == subsystem and is_virtio_dir(parts[-3]) and PCI_ADDRESS.match(parts[-4]):
+    if len(parts) >= 4 and parts[-2] == subsystem and is_virtio_dir(parts[-3]) and is_pci_address(parts[-4]):
         return parts[-4].lower()
     return None
 
 
 def nearest_pci_address(sys_path: str) -> str | None:
     for part in reversed([p for p in sys_path.split("/") if p]):
-        if PCI_ADDRESS.match(part):
+        if is_pci_address(part):
             return part.lower()
     return None
 
@@ -287,7 +288,7 @@ def udev_device(device: Any) -> UdevDevice:
         subsystem="pci",
         sys_path=sys_path,
         sys_name=name,
-        address=name if PCI_ADDRESS.match(name) else None,
+        address=name if is_pci_address(name) else None,
         vendor=parse_hex(_attribute(device, "vendor")),
         device=parse_hex(_attribute(device, "device")),
         class_code=parse_hex(_attribute(device, "class")),
