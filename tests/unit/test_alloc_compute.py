@@ -9,7 +9,8 @@ import random
 import pytest
 
 from topod.alloc import engine
-from topod.alloc.engine import DEFAULT_POLICY, _cheapest_one, _group_index, _group_kinds, _phi_of
+from topod.alloc.engine import DEFAULT_POLICY
+from topod.alloc.packing import cheapest_one, group_index, group_kinds, phi_of
 from topod.alloc.errors import AllocationError
 from topod.alloc.hostview import host_view
 from topod.alloc.policy import PolicySettings, backpressure_penalty
@@ -19,7 +20,7 @@ from topod.alloc.search import solve_one
 
 def _phi_per_gpu(view, busy: set[int]) -> list[float]:
     """The packing phi by its definition, one GPU at a time (the formula the engine had)."""
-    members, sizes = _group_index(view)
+    members, sizes = group_index(view)
     free_in = list(sizes)
     for p in busy:
         for i in members[p]:
@@ -38,9 +39,9 @@ def test_phi_equals_the_per_gpu_formula_on_random_busy_sets(host, name):
         busy = set(rng.sample(range(view.n), rng.randrange(view.n + 1)))
         view.cache.get("phi", {}).clear()  # computed now, not remembered
         if step % 2:
-            for known in _group_kinds(view)[4]:
+            for known in group_kinds(view)[4]:
                 known.clear()  # every kind's phi computed now too (else some are the memo's)
-        assert _phi_of(view, busy) == _phi_per_gpu(view, busy)
+        assert phi_of(view, busy) == _phi_per_gpu(view, busy)
 
 
 @pytest.mark.parametrize("name", ["pcie-8gpu", "pcie-16gpu", "nvs-16gpu", "pcie-64gpu", "nvs-64gpu"])
@@ -57,9 +58,9 @@ def test_cheapest_one_picks_what_solve_one_picks(host, name):
         weight = rng.choice((1e-7, 1e-7 + rng.random(), 3.0, 1e-300))
         node_cap = rng.choice((None, {v: rng.choice((0, 0, 1, 2)) for v in nodes},
                                {v: 1 for v in rng.sample(nodes, len(nodes) // 2)}))  # absent: room
-        phi = _phi_of(view, busy)
+        phi = phi_of(view, busy)
         expected = solve_one(free, {p: weight * phi[p] for p in free}, view.node, node_cap)
-        assert _cheapest_one(view, busy, weight, node_cap) == expected
+        assert cheapest_one(view, busy, weight, node_cap) == expected
 
 
 def test_one_gpu_decisions_on_64_gpus_equal_the_general_search(host):
@@ -79,7 +80,7 @@ def test_one_gpu_decisions_on_64_gpus_equal_the_general_search(host):
         tau = rng.choice((1.0, 0.25))
         quick = _outcome(lambda: engine._decide(view, state, request, DEFAULT_POLICY, tau))
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(engine, "_cheapest_one", _general_one)
+            patch.setattr(engine, "cheapest_one", _general_one)
             general = _outcome(lambda: engine._decide(view, state, request, DEFAULT_POLICY, tau))
         assert quick == general
         taken += bool(calls)

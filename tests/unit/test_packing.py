@@ -1,6 +1,6 @@
 """Packing among equal-cost sets: the engine never pays for packing with cost, but of the
 sets that cost the minimum it takes the one leaving the most host-minimum sets free, so
-later requests can still be served at the host's best (engine._look_ahead, the census in
+later requests can still be served at the host's best (topod.alloc.packing.look_ahead, the census in
 hostview, search.solve_ties)."""
 
 from __future__ import annotations

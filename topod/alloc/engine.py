@@ -43,7 +43,7 @@ How a decision is made:
    decision says exact=false. One GPU with nothing forced or filtered, no NIC term, no
    node past the back-pressure threshold and no census (the API's commonest request on a
    big host) is that search's answer taken directly: the cheapest free GPU per kind (GPUs
-   with the same groups share phi), by bit masks (_cheapest_one).
+   with the same groups share phi), by bit masks (cheapest_one).
 3. CPUs (topod.alloc.cores), satisfaction (share of pairs on one NUMA node, 1.0 for one
    GPU) and the performance estimate (topod.alloc.estimate).
 """
@@ -51,17 +51,19 @@ How a decision is made:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from math import comb
 
 from topod.alloc.cores import (CoreMap, assign_auto, assign_cpus, auto_capacity, auto_table, core_map,
                                fair_share, node_capacity, node_cores, wants_cpus)
 from topod.alloc.errors import (AllocationError, InsufficientCpusError, InsufficientGpusError, InvalidRequestError,
                                 LevelUnreachableError, UnknownGpuError)
 from topod.alloc.estimate import weakest
-from topod.alloc.hostview import DELTA_NODE, Census, HostView, best_set_census, fresh_view, host_view
+from topod.alloc.grading import (decision_summary, level_floors, level_of, reference_rate, satisfaction,
+                                 set_cost, set_performance)
+from topod.alloc.hostview import DELTA_NODE, HostView, best_set_census, fresh_view, host_view
 from topod.alloc.nics import pair_nics, tie_break_terms
+from topod.alloc.packing import cheapest_one, free_per_twin, group_kinds, look_ahead, phi_of
 from topod.alloc.policy import PolicySettings, backpressure_penalty, overload, packing_scale, topology_weight
-from topod.alloc.request import Decision, FreeState, Performance, Placement, Request
+from topod.alloc.request import Decision, FreeState, Placement, Request
 from topod.alloc.search import SearchResult, build_problem, one_ties, solve, solve_one, solve_ties
 from topod.distance import DistanceModel
 from topod.model import Topology
@@ -75,9 +77,6 @@ DEFAULT_POLICY = PolicySettings()
 # under 1 MiB on 8 GPUs and about 2 MiB on 64 after bench/alloc.py's stream.
 SEARCH_MEMO_GPUS = 16_384
 DECISION_MEMO_GPUS = 2_048
-# phi values kept per GPU kind (see _phi_of): 1,024 at most, ~0.1 MiB per kind (256 on a
-# kind whose groups span 8 GPUs, all its busy patterns).
-KIND_MEMO = 1_024
 
 
 def allocate(topology: Topology, distances: DistanceModel, state: FreeState, request: Request,
@@ -148,7 +147,7 @@ def _decide(view: HostView, state: FreeState, request: Request, policy: PolicySe
                                     request.nics_per_gpu, state.busy_nics)
     weight = DELTA_FRAG + scale
     # One GPU, nothing forced or filtered, no per-GPU NIC term, no back-pressure and no
-    # look-ahead census: the cheapest free GPU by phi alone (_cheapest_one), no per-GPU
+    # look-ahead census: the cheapest free GPU by phi alone (cheapest_one), no per-GPU
     # terms built. Else (or when it finds none) the general search, with them.
     calm = _calm(state, policy)
     one = k == 1 and not must and eligible is view.everyone and not any(nic_terms) and calm and not best_set_census(view)
@@ -167,7 +166,7 @@ def _decide(view: HostView, state: FreeState, request: Request, policy: PolicySe
     elif wants_cpus(per_gpu):
         capacity = node_capacity(topology, excluded, per_gpu, cmap, now)
         node_cap = {v: capacity.get(v, 0) for v in set(view.node)}
-    result = (_cheapest_one(view, busy, weight, node_cap) if one else
+    result = (cheapest_one(view, busy, weight, node_cap) if one else
               _search(view, free, must, unary, node_cap, max_nodes, k, policy.search_budget, busy))
     if result is None:
         if unary is None:
@@ -179,7 +178,7 @@ def _decide(view: HostView, state: FreeState, request: Request, policy: PolicySe
     members = list(result.members)
     cost = set_cost(view, members)
     nodes = sorted({view.node[p] for p in members})
-    level = _level(len(nodes), limit, cost, ref_cost, k)
+    level = level_of(len(nodes), limit, cost, ref_cost, k)
     if request.level == "best" and level != "best":
         raise LevelUnreachableError(f"the cheapest free set of {k} GPUs costs {cost:.2f}; level 'best' needs "
                                     f"{ref_cost:.2f} (the host's minimum) within {limit} NUMA node(s)")
@@ -191,7 +190,7 @@ def _decide(view: HostView, state: FreeState, request: Request, policy: PolicySe
         cores = assign_cpus(topology, gpus, per_gpu, excluded, allow_fallback=request.level == "any", cmap=cmap,
                             now=now)
     reasons.extend(cores.reasons)
-    reasons.insert(0, _summary(k, cost, ref_cost, level, len(nodes), limit))
+    reasons.insert(0, decision_summary(k, cost, ref_cost, level, len(nodes), limit))
     if not result.exact:
         reasons.append(f"search budget of {policy.search_budget} nodes ran out: best set found, not proven optimal")
     chosen = set(members)
@@ -215,7 +214,7 @@ def _decide(view: HostView, state: FreeState, request: Request, policy: PolicySe
         level=level,
         requested_level=request.level,
         satisfaction=satisfaction(view, members),
-        performance=_performance(view, members, ref_members, limit, reasons),
+        performance=set_performance(view, members, ref_members, limit, reasons),
         exact=result.exact,
         cpu_fallback=cores.fallback,
         reasons=tuple(reasons),
@@ -241,7 +240,7 @@ def prepare(topology: Topology, distances: DistanceModel, state: FreeState | Non
         return view
     state = state or FreeState()
     best_set_census(view)
-    _group_kinds(view)
+    group_kinds(view)
     cmap = _core_map(view)
     share = _auto_share(view, cmap, state)
     if share:
@@ -256,7 +255,7 @@ def prepare(topology: Topology, distances: DistanceModel, state: FreeState | Non
     for k in sizes:
         limit = good_node_limit(view, k, everyone, set())
         _, ref_members = _reference(view, k, everyone, set(), limit, policy.search_budget)
-        _floors(view, ref_members, limit)
+        level_floors(view, ref_members, limit)
     # The default request of each size (default level, auto cores) decided once in this
     # free state: its search is then memoised and every lazily built table exists.
     for k in sizes:
@@ -270,7 +269,7 @@ def prepare(topology: Topology, distances: DistanceModel, state: FreeState | Non
 
 def _unary(view: HostView, busy: set[int], free: list[int], weight: float, nic_terms) -> dict[int, float]:
     """Per free GPU its per-GPU objective term: packing phi weighted, plus its NIC term."""
-    phi = _phi_of(view, busy)  # per position (a list: no dict of the free GPUs built)
+    phi = phi_of(view, busy)  # per position (a list: no dict of the free GPUs built)
     if any(nic_terms):
         return {p: weight * phi[p] + term for p, term in zip(free, nic_terms)}
     return {p: weight * phi[p] for p in free}
@@ -285,53 +284,6 @@ def _calm(state: FreeState, policy: PolicySettings) -> bool:
     if threshold >= 0 and max(state.node_load.values()) <= threshold:
         return True  # each load, clamped to [0, 1], stays at or below it: nothing overloaded
     return not any(overload(load, threshold) for load in state.node_load.values())
-
-
-def _cheapest_one(view: HostView, busy: set[int], weight: float,
-                  node_cap: dict[int, int] | None) -> SearchResult | None:
-    """search.solve_one over every free GPU with the terms weight x phi, without the
-    terms per GPU: GPUs of one kind (same groups) share phi, so per kind only its lowest
-    free GPU on a node with room can win; of those the least weight x phi (the same
-    floats solve_one compares), the lowest position on a tie, as solve_one picks."""
-    taken = _bits(view, busy)
-    _, sizes = _group_index(view)
-    kinds, _, masks, spans, known_of = _group_kinds(view)
-    kind_masks, node_masks = _kind_positions(view)
-    closed = taken
-    if node_cap is not None:
-        for v, mask in node_masks.items():
-            if node_cap.get(v, 1) < 1:
-                closed |= mask
-    open_ = ~closed
-    best, pick = float("inf"), -1
-    for kind, mask in enumerate(kind_masks):
-        room = mask & open_
-        if not room:
-            continue  # phi only for kinds with an open GPU (few, on a busy host)
-        value = known_of[kind].get(taken & spans[kind])
-        if value is None:
-            value = _phi_value(kinds[kind], sizes, masks, taken, known_of[kind], spans[kind])
-        u = weight * value
-        if u < best or (u == best and (room & -room).bit_length() - 1 < pick):
-            best, pick = u, (room & -room).bit_length() - 1  # the kind's lowest open position
-    if pick < 0:
-        return None
-    return SearchResult((pick,), best, True, 1)
-
-
-def _kind_positions(view: HostView) -> tuple[list[int], dict]:
-    """Per GPU kind (_group_kinds) its positions, and per NUMA node its positions, as bit
-    masks; kept per view."""
-    cached = view.cache.get("kind_positions")
-    if cached is None:
-        kinds, kind_of = _group_kinds(view)[:2]
-        kind_masks = [0] * len(kinds)
-        node_masks: dict = {}
-        for p, kind in enumerate(kind_of):
-            kind_masks[kind] |= 1 << p
-            node_masks[view.node[p]] = node_masks.get(view.node[p], 0) | 1 << p
-        cached = view.cache["kind_positions"] = (kind_masks, node_masks)
-    return cached
 
 
 def result_fits(view: HostView, result: SearchResult, node_cap: dict[int, int]) -> bool:
@@ -444,7 +396,7 @@ def _search(view, candidates, must, unary, node_cap, max_nodes, k, budget,
             return solve_one(candidates, unary, view.node, node_cap)
         ties = one_ties(candidates, view.twin, unary, view.node, node_cap, max_nodes, DELTA_FRAG)
         if ties:
-            return _look_ahead(view, census, busy, ties)
+            return look_ahead(view, census, busy, ties)
     memo = view.search_memo
     caps = tuple(sorted(node_cap.items())) if node_cap is not None else None
     # The same GPUs free with the same terms (the CPUs leases hold differ): no problem to build.
@@ -467,7 +419,7 @@ def _by_shape(view, census, candidates, must, unary, node_cap, max_nodes, caps, 
     key = (k, budget, max_nodes, caps,
            tuple([(twin[group[0]], u, len(group), lo) for group, u, lo in zip(problem.members, problem.unary,
                                                                                 problem.lo)]),
-           tuple(_free_per_twin(view, busy)) if census else None)
+           tuple(free_per_twin(view, busy)) if census else None)
     memo = view.search_memo
     known = memo.get(key)
     if known is None:
@@ -492,59 +444,13 @@ def _counts(problem, found: SearchResult) -> tuple:  # noqa: ANN001 - search.Pro
     return tuple(counts), found.objective, found.exact, found.visited
 
 
-def _free_per_twin(view: HostView, busy: set[int]) -> list[int]:
-    free_in = [0] * (max(view.twin) + 1)
-    for p in range(view.n):
-        if p not in busy:
-            free_in[view.twin[p]] += 1
-    return free_in
-
-
 def _solve(view, census, problem, k, budget, busy) -> SearchResult | None:
     if census:
         # phi < 1 per GPU, so sets within DELTA_FRAG x k differ only in the tie-break term
         ties = solve_ties(problem, k, DELTA_FRAG * k, budget=budget)
         if ties:
-            return _look_ahead(view, census, busy, ties)
+            return look_ahead(view, census, busy, ties)
     return solve(problem, k, budget)
-
-
-def _look_ahead(view: HostView, census: Census, busy: set[int], ties: list[SearchResult]) -> SearchResult:
-    """Of equal-cost sets, the one after which the most host-minimum sets of every size
-    (the census) are still wholly free: requests that come next can still be served at
-    the host's best. A set counts once per way to pick it, so a whole free switch or
-    node keeps many; `ties` comes lowest objective first, so phi decides among equals."""
-    if len(ties) == 1:
-        return ties[0]
-    free_in = _free_per_twin(view, busy)
-    # One score per class mix left free: at most CENSUS_LIMIT of them per host.
-    memo = view.cache.setdefault("sets_left", {})
-    best, chosen = -1, ties[0]
-    for result in ties:
-        left = list(free_in)
-        for p in result.members:
-            left[view.twin[p]] -= 1
-        key = tuple(left)
-        score = memo.get(key)
-        if score is None:
-            score = memo[key] = _sets_left(census, left, sum(left))
-        if score > best:
-            best, chosen = score, result
-    return chosen
-
-
-def _sets_left(census: Census, left: list[int], room: int) -> int:
-    total = 0
-    for size, mix in census:
-        if size > room:
-            break  # the census is ordered by size
-        ways = 1
-        for c, count in mix:
-            ways *= comb(left[c], count)  # 0 once count exceeds what is left
-            if not ways:
-                break
-        total += ways
-    return total
 
 
 def _eligible(view: HostView, request: Request, reasons: list[str]) -> list[int]:
@@ -619,160 +525,6 @@ def _reference(view: HostView, k: int, eligible: list[int], must: set[int], limi
     return cached
 
 
-def packing_phi(view: HostView, busy: set[int], free: list[int]) -> dict[int, float]:
-    """Per free GPU: mean share of its groups still free (1.0 = taking it breaks whole groups)."""
-    phi = _phi_of(view, busy)
-    return {p: phi[p] for p in free}
-
-
-def _phi_of(view: HostView, busy: set[int]) -> list[float]:
-    """phi of every position with `busy` taken, kept per view by the busy set (far fewer
-    of them than free states: the CPUs and NICs leases hold do not change it).
-
-    GPUs with the same groups (a switch's) have the same phi, a function of the busy GPUs
-    within those groups alone: per such kind it is kept by those busy GPUs (as bits), so
-    a new busy set recomputes only the kinds whose groups it changed. Each value is the
-    per-GPU formula's expression in its order: the same floats."""
-    taken = _bits(view, busy)
-    memo = view.cache.setdefault("phi", {})
-    phi = memo.get(taken)
-    if phi is None:
-        phi = list(map(_kind_phi(view, taken).__getitem__, _group_kinds(view)[1]))
-        if len(memo) >= SEARCH_MEMO_GPUS // max(view.n, 1):
-            del memo[next(iter(memo))]
-        memo[taken] = phi
-    return phi
-
-
-def _bits(view: HostView, busy: set[int]) -> int:
-    """The busy positions as one int's bits (distinct powers of two: their sum is their OR)."""
-    bit = view.cache.get("bits")
-    if bit is None:
-        bit = view.cache["bits"] = [1 << p for p in range(view.n)]
-    return sum(map(bit.__getitem__, busy))
-
-
-def _kind_phi(view: HostView, taken: int) -> list[float]:
-    """phi per GPU kind (see _phi_of) with the positions in `taken` busy."""
-    _, sizes = _group_index(view)
-    kinds, _, masks, spans, known_of = _group_kinds(view)
-    per_kind = []
-    for groups, span, known in zip(kinds, spans, known_of):
-        value = known.get(taken & span)
-        if value is None:
-            value = _phi_value(groups, sizes, masks, taken, known, span)
-        per_kind.append(value)
-    return per_kind
-
-
-def _phi_value(groups: tuple[int, ...], sizes: list[int], masks: list[int], taken: int, known: dict,
-               span: int) -> float:
-    """phi of a GPU in `groups` with `taken` busy (the per-GPU formula's expression, in
-    its order), kept in the kind's memo `known` by the busy bits within `span`."""
-    if len(known) >= KIND_MEMO:
-        known.clear()
-    value = known[taken & span] = (sum([(sizes[i] - (taken & masks[i]).bit_count()) / sizes[i] for i in groups])
-                                   / len(groups) if groups else 1.0)
-    return value
-
-
-def _group_index(view: HostView) -> tuple[list[tuple[int, ...]], list[int]]:
-    """Groups numbered once per view: per position its group numbers, and each group's
-    size (a group key is a tuple, hashed again at every lookup; an int is not)."""
-    cached = view.cache.get("group_index")
-    if cached is None:
-        number = {key: i for i, key in enumerate(view.group_size)}
-        members = [tuple(number[key] for key in keys) for keys in view.groups]
-        cached = view.cache["group_index"] = (members, list(view.group_size.values()))
-    return cached
-
-
-def _group_kinds(view: HostView) -> tuple[list[tuple[int, ...]], list[int], list[int], list[int], list[dict]]:
-    """The distinct group-number tuples of the view's positions (kinds), per position its
-    kind, per group its positions as a bit mask, per kind the positions of all its groups
-    as one mask, and per kind its phi memo (busy bits within that mask -> phi)."""
-    cached = view.cache.get("group_kinds")
-    if cached is None:
-        members, sizes = _group_index(view)
-        number: dict[tuple[int, ...], int] = {}
-        kind_of = [number.setdefault(groups, len(number)) for groups in members]
-        masks = [0] * len(sizes)
-        for p, groups in enumerate(members):
-            for i in groups:
-                masks[i] |= 1 << p
-        kinds = list(number)
-        spans = []
-        for groups in kinds:
-            span = 0
-            for i in groups:
-                span |= masks[i]
-            spans.append(span)
-        cached = view.cache["group_kinds"] = (kinds, kind_of, masks, spans, [{} for _ in kinds])
-    return cached
-
-
-def set_cost(view: HostView, members: list[int]) -> float:
-    weight = view.weight
-    return sum(weight[a][b] for i, a in enumerate(members) for b in members[i + 1:])
-
-
-def satisfaction(view: HostView, members: list[int]) -> float:
-    pairs = [(a, b) for i, a in enumerate(members) for b in members[i + 1:]]
-    if not pairs:
-        return 1.0
-    return sum(1 for a, b in pairs if view.node[a] == view.node[b] and view.node[a] >= 0) / len(pairs)
-
-
-def _level(nodes: int, limit: int, cost: float, ref_cost: float, k: int) -> str:
-    if nodes > limit:
-        return "any"
-    # The reference set minimised cost + DELTA_NODE x crossings, so allow that much.
-    tolerance = 1e-9 * (1.0 + abs(ref_cost)) + DELTA_NODE * k * (k - 1) / 2
-    return "best" if cost <= ref_cost + tolerance else "good"
-
-
-def _summary(k: int, cost: float, ref_cost: float, level: str, nodes: int, limit: int) -> str:
-    return (f"{k} GPU(s), cost {cost:.2f} (host best {ref_cost:.2f}), {nodes} NUMA node(s) "
-            f"(good allows {limit}): level {level}")
-
-
-def _performance(view: HostView, members: list[int], ref_members: tuple[int, ...], limit: int,
-                 reasons: list[str]) -> Performance:
-    floors = _floors(view, ref_members, limit)
-    unknown = [g for g in view.unknown_link if g in {view.gpus[p].index for p in members}] if view.unknown_link else ()
-    if unknown and len(members) > 1:
-        reasons.append(f"PCIe link rate of GPU {', '.join(map(str, unknown))} unknown: estimate assumes Gen4 x16")
-    pair = weakest(members, view.bandwidth)
-    if pair is None:
-        return Performance(1.0, None, None, floors)
-    rate = view.bandwidth[pair[0]][pair[1]]
-    return Performance(min(1.0, rate / _ref_rate(view, ref_members)), view.distance[pair[0]][pair[1]].label, rate,
-                       floors)
-
-
-def _ref_rate(view: HostView, ref_members: tuple[int, ...]) -> float:
-    key = ("ref_rate", ref_members)
-    rate = view.cache.get(key)
-    if rate is None:
-        pair = weakest(list(ref_members), view.bandwidth)
-        rate = view.cache[key] = view.bandwidth[pair[0]][pair[1]] if pair else 1.0
-    return rate
-
-
-def _floors(view: HostView, ref_members: tuple[int, ...], limit: int) -> dict[str, float]:
-    key = ("floors", ref_members, limit)
-    cached = view.cache.get(key)
-    if cached is None:
-        ref = _ref_rate(view, ref_members)
-        lowest = min((view.bandwidth[a][b] for a in range(view.n) for b in range(a + 1, view.n)), default=ref)
-        same = min((view.bandwidth[a][b] for a in range(view.n) for b in range(a + 1, view.n)
-                    if view.node[a] == view.node[b]), default=ref)
-        good = same if limit == 1 else lowest
-        cached = {"best": 1.0, "good": min(1.0, good / ref), "any": min(1.0, lowest / ref)}
-        view.cache[key] = cached
-    return dict(cached)
-
-
 @dataclass(frozen=True, slots=True)
 class Assessment:
     level: str
@@ -792,6 +544,6 @@ def assess(topology: Topology, distances: DistanceModel, gpus: list[int]) -> Ass
     ref_cost, ref_members = _reference(view, k, everyone, set(), limit, DEFAULT_POLICY.search_budget)
     cost = set_cost(view, members)
     pair = weakest(members, view.bandwidth)
-    rate = view.bandwidth[pair[0]][pair[1]] / _ref_rate(view, ref_members) if pair else 1.0
-    return Assessment(_level(len({view.node[p] for p in members}), limit, cost, ref_cost, k), cost, ref_cost,
+    rate = view.bandwidth[pair[0]][pair[1]] / reference_rate(view, ref_members) if pair else 1.0
+    return Assessment(level_of(len({view.node[p] for p in members}), limit, cost, ref_cost, k), cost, ref_cost,
                       satisfaction(view, members), min(1.0, rate))
