@@ -95,7 +95,7 @@ def test_a_grant_is_answered_once_on_disk_without_a_task(service):
 
     lease_id = asyncio.run(scenario())
     service.store.flush()
-    assert [row[0] for row in service.store._db.execute("SELECT id FROM leases")] == [lease_id]
+    assert [row[0] for row in service.store.writer._db.execute("SELECT id FROM leases")] == [lease_id]
     assert service.store.get(lease_id).confirmed, "the written answer confirmed the lease"
 
 
@@ -112,7 +112,7 @@ def test_a_client_that_hangs_up_before_the_commit_leaves_no_lease(service):
     asyncio.run(scenario())
     service.store.flush()
     assert service.store.all() == []
-    assert list(service.store._db.execute("SELECT id FROM leases")) == [], "ended on disk too"
+    assert list(service.store.writer._db.execute("SELECT id FROM leases")) == [], "ended on disk too"
     assert service.leased_gpus() == set()
 
 
@@ -121,7 +121,7 @@ def test_a_grant_whose_commit_fails_gets_its_error_and_holds_nothing(service):
         connection, transport = _connection(service)
         service.store.flush()
         # Every GPU taken on disk behind the mirror's back: the grant's insert must fail.
-        db = service.store._db
+        db = service.store.writer._db
         db.execute("INSERT INTO leases VALUES ('ghost', '{}')")
         db.executemany("INSERT INTO lease_devices VALUES (?, 'ghost')",
                        [(gpu.address,) for gpu in service.topology.gpus])
@@ -150,7 +150,7 @@ def test_a_release_is_answered_once_its_end_is_on_disk(service):
     lease, (status, document) = asyncio.run(scenario())
     assert status == 200 and document == {"released": lease["id"], "gpus": lease["gpus"]}
     service.store.flush()
-    assert list(service.store._db.execute("SELECT id FROM leases")) == []
+    assert list(service.store.writer._db.execute("SELECT id FROM leases")) == []
 
 
 def test_an_unknown_lease_release_is_refused_at_once(service):

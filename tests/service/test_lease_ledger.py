@@ -59,7 +59,7 @@ def _on_disk(store: LeaseStore) -> set[str]:
     """The lease ids in the database file, read through the store's own connection (it
     holds the file's lock) once its writer is idle."""
     store.flush()
-    return {row[0] for row in store._db.execute("SELECT id FROM leases")}
+    return {row[0] for row in store.writer._db.execute("SELECT id FROM leases")}
 
 
 # -- row 1: a grant that meets the waiter's timeout ------------------------------------
@@ -185,17 +185,17 @@ class _FailingWrites:
 
     def __init__(self, store: LeaseStore) -> None:
         self.store = store
-        self.original = store._transaction
+        self.original = store.writer._transaction
 
     def __enter__(self):
         def refuse(batch, *, isolate):
             raise sqlite3.OperationalError("database or disk is full")
 
-        self.store._transaction = refuse
+        self.store.writer._transaction = refuse
         return self
 
     def __exit__(self, *exc):
-        self.store._transaction = self.original
+        self.store.writer._transaction = self.original
 
 
 def test_a_failed_release_keeps_memory_and_disk_identical_and_grants_nothing(ledger):
@@ -408,7 +408,7 @@ def test_a_confirmation_sets_one_field_on_disk_and_in_memory(ledger):
 
     lease, before = asyncio.run(scenario())
     store.flush()
-    (row,) = store._db.execute("SELECT body FROM leases WHERE id = ?", (lease.id,)).fetchone()
+    (row,) = store.writer._db.execute("SELECT body FROM leases WHERE id = ?", (lease.id,)).fetchone()
     import json
 
     on_disk = json.loads(row)

@@ -36,14 +36,14 @@ def _another_writer_takes(store: LeaseStore, address: str) -> None:
     """A GPU leased on disk behind the mirror's back: the next grant of it fails to commit.
     Written through the store's own connection (it holds the file's lock: no other writer
     can), while its writer thread is idle; or by a connection of its own once closed."""
-    if store._closing:
+    if store.writer._closing:
         db = sqlite3.connect(store.path)
     else:
         store.flush()
-        db = store._db
+        db = store.writer._db
     db.execute("INSERT INTO leases VALUES ('ghost', '{}')")
     db.execute("INSERT INTO lease_devices VALUES (?, 'ghost')", (address,))
-    if db is not store._db:
+    if db is not store.writer._db:
         db.commit()
         db.close()
 
@@ -96,7 +96,7 @@ def test_a_loop_closed_before_its_turn_ended_does_not_stall_the_next_loops_chang
     asyncio.run(first())
     asyncio.run(second())
     store.flush()
-    assert sorted(row[0] for row in store._db.execute("SELECT id FROM leases")) == ["a", "b", "c"]
+    assert sorted(row[0] for row in store.writer._db.execute("SELECT id FROM leases")) == ["a", "b", "c"]
     store.close()
 
 
@@ -175,7 +175,7 @@ def test_on_commit_of_a_settled_or_foreign_future_still_calls_back(tmp_path):
 
     asyncio.run(scenario())
     assert seen == ["settled: at once", "foreign: when it resolves"]
-    assert not store._unsettled, "nothing kept once settled"
+    assert not store.writer._unsettled, "nothing kept once settled"
     store.close()
 
 
@@ -193,7 +193,7 @@ def test_the_database_refuses_a_double_grant_the_mirror_missed(tmp_path):
     store = LeaseStore(tmp_path)
     store.add(make_lease("a", (0,)))
     with pytest.raises(sqlite3.IntegrityError):
-        store._db.execute("INSERT INTO lease_devices VALUES ('0000:10:00.0', 'b')")
+        store.writer._db.execute("INSERT INTO lease_devices VALUES ('0000:10:00.0', 'b')")
     store.close()
 
 
@@ -350,16 +350,16 @@ def test_the_mirror_keeps_leased_cpus_through_adds_removes_and_undos(tmp_path):
 def _confirmed_on_disk(store: LeaseStore, lease_id: str) -> bool:
     """Read through the store's own connection (its lock is EXCLUSIVE), its writer idle."""
     store.flush()
-    (body,) = store._db.execute("SELECT body FROM leases WHERE id = ?", (lease_id,)).fetchone()
+    (body,) = store.writer._db.execute("SELECT body FROM leases WHERE id = ?", (lease_id,)).fetchone()
     return json.loads(body)["confirmed"]
 
 
 def test_a_confirmation_rides_with_the_next_commit_or_goes_alone_within_a_second(tmp_path, monkeypatch):
     """A confirmation waits for no fsync of its own: it joins the next change's commit, and
     is written by itself after LAZY_SECONDS when no change comes; flush and close write it."""
-    import topod.service.lease_store as lease_store
+    import topod.service.lease_writer as lease_writer
 
-    monkeypatch.setattr(lease_store, "LAZY_SECONDS", 0.3)
+    monkeypatch.setattr(lease_writer, "LAZY_SECONDS", 0.3)
     store = LeaseStore(tmp_path)
 
     async def scenario():
@@ -394,12 +394,12 @@ def test_a_confirmation_rides_with_the_next_commit_or_goes_alone_within_a_second
 
 
 def test_checkpoints_run_between_batches_and_the_wal_stays_bounded(tmp_path, monkeypatch):
-    import topod.service.lease_store as lease_store
+    import topod.service.lease_writer as lease_writer
 
-    monkeypatch.setattr(lease_store, "CHECKPOINT_EVERY_COMMITS", 4)
+    monkeypatch.setattr(lease_writer, "CHECKPOINT_EVERY_COMMITS", 4)
     store = LeaseStore(tmp_path)
     # SQLite's own checkpoint (inside a COMMIT, so inside an answer's wait) is off
-    assert store._db.execute("PRAGMA wal_autocheckpoint").fetchone() == (0,)
+    assert store.writer._db.execute("PRAGMA wal_autocheckpoint").fetchone() == (0,)
     wal = tmp_path / "leases.sqlite3-wal"
 
     async def churn(rounds: int) -> None:
@@ -424,32 +424,32 @@ def test_checkpoints_run_between_batches_and_the_wal_stays_bounded(tmp_path, mon
 
 
 def test_a_checkpoint_waits_for_a_quiet_moment_but_not_for_ever(tmp_path, monkeypatch):
-    import topod.service.lease_store as lease_store
+    import topod.service.lease_writer as lease_writer
 
-    monkeypatch.setattr(lease_store, "CHECKPOINT_EVERY_COMMITS", 2)
-    monkeypatch.setattr(lease_store, "CHECKPOINT_FORCE_COMMITS", 6)
+    monkeypatch.setattr(lease_writer, "CHECKPOINT_EVERY_COMMITS", 2)
+    monkeypatch.setattr(lease_writer, "CHECKPOINT_FORCE_COMMITS", 6)
     store = LeaseStore(tmp_path)
-    store._pending.append(lease_store._Op([], lambda: None, None, None))  # a change always waiting
-    store._urgent = 1
+    store.writer._pending.append(lease_writer._Op([], lambda: None, None, None))  # a change always waiting
+    store.writer._urgent = 1
     for n in range(5):
-        store._unchecked_commits = n
-        store._checkpoint_if_due()
+        store.writer._unchecked_commits = n
+        store.writer._checkpoint_if_due()
     assert store.checkpoints == 0, "due, but a change waits: the answer goes first"
-    store._unchecked_commits = 6
-    store._checkpoint_if_due()
-    assert store.checkpoints == 1 and store._unchecked_commits == 0, "overdue: done regardless"
-    store._pending.clear()
-    store._urgent = 0
-    store._unchecked_commits = 2
-    store._checkpoint_if_due()
+    store.writer._unchecked_commits = 6
+    store.writer._checkpoint_if_due()
+    assert store.checkpoints == 1 and store.writer._unchecked_commits == 0, "overdue: done regardless"
+    store.writer._pending.clear()
+    store.writer._urgent = 0
+    store.writer._unchecked_commits = 2
+    store.writer._checkpoint_if_due()
     assert store.checkpoints == 2, "due and quiet"
     store.close()
 
 
 def test_a_failing_checkpoint_is_logged_and_loses_nothing(tmp_path, monkeypatch):
-    import topod.service.lease_store as lease_store
+    import topod.service.lease_writer as lease_writer
 
-    monkeypatch.setattr(lease_store, "CHECKPOINT_EVERY_COMMITS", 1)
+    monkeypatch.setattr(lease_writer, "CHECKPOINT_EVERY_COMMITS", 1)
     calls = []
 
     class Refusing:
@@ -469,7 +469,7 @@ def test_a_failing_checkpoint_is_logged_and_loses_nothing(tmp_path, monkeypatch)
             self.connection.close()
 
     store = LeaseStore(tmp_path)
-    store._db = Refusing(store._db)
+    store.writer._db = Refusing(store.writer._db)
 
     async def grant() -> None:
         await store.add(make_lease("a", (0,)))
@@ -487,9 +487,9 @@ def test_a_failing_checkpoint_is_logged_and_loses_nothing(tmp_path, monkeypatch)
 def test_the_database_is_the_daemons_alone_and_never_mapped(tmp_path, monkeypatch):
     """EXCLUSIVE locking: no -shm file is mapped (a fault in a mapping is SIGBUS, the death
     of the daemon), and a second store on the same state dir is one clear refusal."""
-    import topod.service.lease_store as lease_store
+    import topod.service.lease_db as lease_db
 
-    monkeypatch.setattr(lease_store, "BUSY_TIMEOUT_MS", 100)
+    monkeypatch.setattr(lease_db, "BUSY_TIMEOUT_MS", 100)
     store = LeaseStore(tmp_path)
     store.add(make_lease("a", (0,)))
     assert not (tmp_path / "leases.sqlite3-shm").exists()
@@ -561,7 +561,7 @@ def test_a_lease_is_encoded_once_for_its_row_and_its_answer(tmp_path):
     lease = make_lease("one", (0, 1))
     store.add(lease)  # no event loop: written before this returns
     answer = store.answer_text(lease)
-    row = store._db.execute("SELECT body FROM leases WHERE id = 'one'").fetchone()[0]
+    row = store.writer._db.execute("SELECT body FROM leases WHERE id = 'one'").fetchone()[0]
     assert answer is not None and answer == row  # the same text, encoded once
     assert json.loads(answer) == store.json_of(lease)
     # another version of the lease (renewed) has its own text; the old object gets none

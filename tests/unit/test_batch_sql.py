@@ -9,7 +9,7 @@ import pytest
 
 from topod.service import batch_sql
 from topod.service.batch_sql import CONFIRM_LEASE, DELETE_LEASE, INSERT_DEVICES, INSERT_LEASE, UPDATE_LEASE, merged
-from topod.service.lease_store import SCHEMA
+from topod.service.lease_db import SCHEMA
 
 
 def _db() -> sqlite3.Connection:

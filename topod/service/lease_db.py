@@ -1,0 +1,193 @@
+"""The lease database file: opening it, its schema, reading its leases back.
+
+The file is leases.sqlite3 in the state dir, the only allocation state that survives a
+restart. Leases name users and jobs, so the directory and each file of the database are
+private, made so through descriptors (see open_database).
+
+The database is opened in EXCLUSIVE locking mode: the writer's connection holds the
+file's lock for the daemon's life (a second topod, or any other writer, is refused with a
+clear message rather than racing it), and SQLite keeps the WAL index in heap memory
+instead of a mapped -shm file. A mapping is what turned an I/O fault (a file made
+immutable, a page the disk could not back) into SIGBUS and the death of the daemon; now it
+is an error of that commit, undone and reported. SQLite's automatic checkpoints are off:
+the writer thread checkpoints between batches (topod.service.lease_writer).
+
+A database that is not SQLite, is damaged, or holds a row that does not read back is left
+exactly as it is and stops the start: topod will not guess which GPUs it held.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import stat
+from pathlib import Path
+
+from topod.errors import TopodError
+from topod.host import file_kind
+from topod.service.lease import Lease
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS leases (
+    id TEXT PRIMARY KEY,
+    body TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS lease_devices (
+    address TEXT PRIMARY KEY,
+    lease_id TEXT NOT NULL REFERENCES leases(id) ON DELETE CASCADE
+);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+SCHEMA_VERSION = "2"  # 1: lease_gpus keyed by GPU index, decision as an untyped dict
+SYNCHRONOUS = ("full", "normal")
+BUSY_TIMEOUT_MS = 5000  # sqlite3.connect's default, made explicit
+
+
+# The store's errors live here, in the lowest of its modules: opening the file raises
+# LeaseStoreError, the writer both; topod.service.lease_store re-exports them.
+class LeaseConflictError(TopodError):
+    code = "gpu_already_leased"
+
+
+class LeaseStoreError(TopodError):
+    """The lease database could not be written: the change was undone."""
+
+    code = "state_write_failed"
+
+
+def open_database(state_dir: str | Path, synchronous: str) -> tuple[Path, sqlite3.Connection]:
+    """(the database's path, a connection to it for the writer thread), its schema current.
+    synchronous: one of SYNCHRONOUS (LeaseStore says what each keeps on power loss)."""
+    if synchronous not in SYNCHRONOUS:
+        raise ValueError(f"synchronous must be one of {', '.join(SYNCHRONOUS)}, got {synchronous!r}")
+    directory = Path(state_dir)
+    _private_directory(directory)
+    path = directory / "leases.sqlite3"
+    # Each file of the database is a regular file of its own, made private through its
+    # descriptor: a link planted in its place is refused, never followed (a chmod by
+    # path would change whatever it names: /dev/zero, another daemon's state).
+    for suffix in ("-wal", "-shm", ""):
+        _private_file(Path(f"{path}{suffix}"), create=not suffix)
+    db: sqlite3.Connection | None = None
+    try:
+        db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000)
+        # Before the first access in WAL mode: no -shm mapping, the lock held for life.
+        db.execute("PRAGMA locking_mode=EXCLUSIVE")
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute(f"PRAGMA synchronous={synchronous.upper()}")
+        db.execute("PRAGMA foreign_keys=ON")
+        db.execute("PRAGMA wal_autocheckpoint=0")  # see lease_writer.CHECKPOINT_EVERY_COMMITS
+        _migrate(db, path)
+    except BaseException as exc:
+        close_quietly(db)
+        if isinstance(exc, sqlite3.OperationalError):
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                raise LeaseStoreError(f"lease database {path}: {exc}") from None
+            raise LeaseStoreError(f"lease database {path} is held by another process (a second topod on "
+                                  "this state dir?); topod does not share it: stop the other one") from None
+        if isinstance(exc, sqlite3.DatabaseError):  # not SQLite, or damaged: left exactly as it is
+            raise LeaseStoreError(f"lease database {path}: {exc}. topod leaves it untouched and will not "
+                                  "guess which GPUs it held: repair it, or move it away to start with no "
+                                  "leases") from None
+        raise
+    for suffix in ("-wal", "-shm"):  # SQLite has just made them, with the umask's mode
+        _private_file(Path(f"{path}{suffix}"), create=False)
+    return path, db
+
+
+def close_quietly(db: sqlite3.Connection | None) -> None:
+    """A store that failed to open lets go of the file (and its lock) at once: a repaired
+    file can be opened again, by this process too."""
+    if db is not None:
+        try:
+            db.close()
+        except sqlite3.Error:
+            pass
+
+
+def _migrate(db: sqlite3.Connection, path: Path) -> None:
+    db.executescript(SCHEMA)
+    row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    version = row[0] if row else None
+    if version == "1":
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            for lease_id, body in db.execute("SELECT id, body FROM leases").fetchall():
+                lease = Lease.from_json(json.loads(body))
+                db.execute("UPDATE leases SET body = ? WHERE id = ?", (json.dumps(lease.to_json()), lease_id))
+                db.executemany("INSERT INTO lease_devices VALUES (?, ?)",
+                               [(address, lease.id) for address in lease.addresses])
+            db.execute("DROP TABLE IF EXISTS lease_gpus")
+            db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (SCHEMA_VERSION,))
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+    elif version is None:
+        db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (SCHEMA_VERSION,))
+    elif version != SCHEMA_VERSION:
+        raise TopodError(f"{path}: lease database schema {version} is newer than this topod "
+                         f"({SCHEMA_VERSION}); upgrade topod or move the file away")
+
+
+def load_leases(db: sqlite3.Connection, path: Path) -> list[Lease]:
+    """Every lease in the database, in the order they were written."""
+    rows = db.execute("SELECT id, body FROM leases ORDER BY rowid").fetchall()
+    leases = []
+    for lease_id, body in rows:
+        try:
+            leases.append(Lease.from_json(json.loads(body)))
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            # Dropping it would free GPUs a job may still hold: refuse, say which row.
+            raise TopodError(f"{path}: lease {lease_id!r} is unreadable ({type(exc).__name__}: {exc}); "
+                             "topod will not guess what it held. Release its GPUs by hand and delete "
+                             "the row, or move the database away") from exc
+    return leases
+
+
+def file_identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of what `path` names now, None when nothing does."""
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
+    return found.st_dev, found.st_ino
+
+
+def _private_directory(directory: Path) -> None:
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except FileExistsError:  # mkdir's exist_ok covers directories only
+        raise LeaseStoreError(f"state directory {directory}: exists and is not a directory") from None
+    except OSError as exc:
+        raise LeaseStoreError(f"state directory {directory}: cannot create it: {exc.strerror or exc}") from None
+    os.chmod(directory, 0o700)  # leases name users and jobs: not for every local user
+
+
+def _private_file(path: Path, *, create: bool) -> None:
+    """Mode 0600 on `path`, a regular file (made when `create`); LeaseStoreError for a
+    link, a FIFO, a device or a directory in its place. Nothing but a regular file is
+    opened (a device can act when opened)."""
+    try:
+        found = os.lstat(path)
+    except FileNotFoundError:
+        found = None
+    except OSError as exc:
+        raise LeaseStoreError(f"{path}: cannot inspect it: {exc.strerror or exc}") from None
+    if found is None and not create:
+        return
+    if found is not None and not stat.S_ISREG(found.st_mode):
+        kind = "a symbolic link" if stat.S_ISLNK(found.st_mode) else file_kind(found.st_mode)
+        raise LeaseStoreError(f"{path}: {kind}, not the lease database's own file; topod will not follow or "
+                              "open it: move it away")
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
+    except OSError as exc:
+        raise LeaseStoreError(f"{path}: cannot open it: {exc.strerror or exc}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped between the lstat and the open
+            raise LeaseStoreError(f"{path}: replaced while being opened; move it away")
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)

@@ -1,0 +1,374 @@
+"""The lease store's writer: one thread that owns the database and commits in groups.
+
+Every change queued while a commit is running goes into the next transaction, so
+concurrent grants and releases share one fsync (WAL, synchronous=FULL). Each change comes
+with its undo and gets a future that resolves, on its event loop, when the transaction
+holding it is on disk; a failed commit undoes its changes (topod.service.lease_store's
+mirror changed at once, before they were queued) and fails their futures.
+
+SQLite's automatic checkpoints are off (topod.service.lease_db): the writer thread
+checkpoints between batches, when no change is waiting, at least every
+CHECKPOINT_EVERY_COMMITS commits, and regardless of waiting changes past
+CHECKPOINT_FORCE_COMMITS, so the WAL stays bounded under any load.
+
+After every commit the writer checks that the database is still the file at its path: an
+unlinked or replaced database takes commits into a deleted inode and the next start finds
+nothing, so from then on the store is broken and refuses every change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+
+from topod.errors import TopodError
+from topod.service.batch_sql import merged
+from topod.service.lease_db import LeaseConflictError, LeaseStoreError, file_identity
+
+log = structlog.get_logger("topod")
+
+# SQLite's automatic checkpoint runs inside the COMMIT that crosses its threshold: that
+# change (and every answer waiting on its batch) waited for the copy into the database
+# and its fsync. The writer checkpoints between batches instead, when nothing waits,
+# once this many commits have gone into the WAL...
+CHECKPOINT_EVERY_COMMITS = 200
+# ...and, when changes never stop coming, after this many regardless: one bounded stall
+# instead of a WAL that only grows.
+CHECKPOINT_FORCE_COMMITS = 2000
+# A confirmation (a lease's answer was written) is no change anyone waits on: it rides
+# with the next commit, or is written on its own after this long. A crash or power loss
+# in that window brings the lease back unconfirmed, the case the crash rule already
+# covers (LeaseService.recover: [alloc] unconfirmed_grace_seconds, then it ends unless its
+# holder renews it). It saves an fsync per grant of a lease with neither ttl nor owner.
+LAZY_SECONDS = 1.0
+
+
+@dataclass(slots=True)
+class _Op:
+    sql: list[tuple[str, tuple | list]]  # statements; executemany when params is a list
+    undo: Callable[[], None]
+    future: asyncio.Future | None
+    loop: asyncio.AbstractEventLoop | None
+    error: BaseException | None = field(default=None)
+    written: threading.Event | None = None  # set once the op's batch is written (flush)
+    on_success: Callable[[], None] | None = None  # on the loop, once the change is on disk
+    then: list[Callable[[asyncio.Future], None]] | None = None  # on_commit's callbacks
+
+
+class GroupCommitWriter:
+    """The changes queued for the database and the thread that commits them (started by
+    the first change queued on an event loop); LeaseStore owns one."""
+
+    def __init__(self, path: Path, db: sqlite3.Connection) -> None:
+        """db: the open database at `path` (topod.service.lease_db.open_database), written
+        by this writer alone; close() closes it."""
+        self.path = path
+        self._db = db
+        # The file this store writes is the one the next start reads only while the path
+        # still names it: an unlinked or replaced database takes commits into a deleted
+        # inode and the next start finds nothing. Checked after every commit.
+        self._identity = file_identity(path)
+        self.broken: str | None = None  # set once: the database is not the file at its path
+        self.failing: str | None = None  # the last write's error, until a write succeeds
+        self._pending: list[_Op] = []
+        self._unsettled: dict[asyncio.Future, _Op] = {}  # commit -> its change, until settled (on_commit)
+        self._cond = threading.Condition()
+        self._idle = False  # the writer waits on _cond: a change must wake it
+        self._wake_due: asyncio.AbstractEventLoop | None = None  # the loop _wake is due on
+        self._urgent = 0  # pending changes someone waits on (all but confirmations)
+        self._lazy_deadline: float | None = None  # when pending confirmations alone get written
+        self._closing = False
+        self._thread: threading.Thread | None = None
+        self.commits = 0  # transactions written (one fsync each)
+        self.changes = 0  # changes they carried
+        self.checkpoints = 0
+        self._unchecked_commits = 0  # commits in the WAL since the last checkpoint
+
+    # -- queueing changes (on the event loop) -------------------------------------------
+    def queue(self, sql: list[tuple[str, tuple | list]], undo: Callable[[], None],
+              on_success: Callable[[], None] | None = None, lazy: bool = False) -> asyncio.Future | None:
+        """The future of the commit holding this change; None when there is no event loop
+        (tools, tests of parts): then the change is written before this returns.
+        undo puts the mirror back when the change fails.
+        on_success runs (on the loop) once the change is on disk, before the future resolves.
+        lazy: the change waits for the next commit, at most LAZY_SECONDS (changes keep
+        their order either way)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is None:
+            self.flush()
+            if self.broken is not None:
+                undo()
+                raise LeaseStoreError(f"{self.broken}; the change was not made")
+            op = _Op(sql, undo, None, None, on_success=on_success)
+            self._write([op])
+            self._check_own_file([op])
+            if op.error is not None:
+                undo()
+                raise _failure(op.error)
+            if on_success is not None:
+                on_success()
+            return None
+        future = loop.create_future()
+        op = _Op(sql, undo, future, loop, on_success=on_success)
+        with self._cond:
+            if self._closing:
+                undo()
+                raise LeaseStoreError("the lease store is closed; the change was not made")
+            if self.broken is not None:
+                undo()
+                raise LeaseStoreError(f"{self.broken}; the change was not made")
+            self._pending.append(op)
+            self._unsettled[future] = op
+            wake = not lazy or self._lazy_deadline is None  # a lazy one only sets the deadline
+            if lazy:
+                if self._lazy_deadline is None:
+                    self._lazy_deadline = time.monotonic() + LAZY_SECONDS
+            else:
+                self._urgent += 1
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="topod-lease-writer", daemon=True)
+                self._thread.start()
+            elif wake and self._idle and self._wake_due is not loop:
+                # An idle writer is woken once this turn of the loop is over (call_soon runs
+                # after every callback already due), so the changes made by the requests
+                # that arrived together share its commit; a busy writer takes what is
+                # pending when its commit ends. (Per loop: a loop closed before its turn
+                # ended must not keep the next one from waking the writer.)
+                self._wake_due = loop
+                loop.call_soon(self._wake)
+        return future
+
+    def on_commit(self, commit: asyncio.Future, callback: Callable[[asyncio.Future], None]) -> None:
+        """callback(commit) once the change is settled (on disk, or failed and undone), run
+        by the callback that settles it: a loop turn sooner than add_done_callback, on the
+        path from a commit to its answer. At once when the commit is settled already; a
+        commit this store does not know gets add_done_callback."""
+        op = self._unsettled.get(commit)
+        if op is None:
+            if commit.done():
+                callback(commit)
+            else:
+                commit.add_done_callback(callback)
+            return
+        if op.then is None:
+            op.then = []
+        op.then.append(callback)
+
+    def _settle_all(self, ops: list[_Op]) -> None:
+        """On the event loop: each change's future resolved (a failed one undone first),
+        then its on_commit callbacks; the mirror follows the disk even when no one waits
+        for the future any more."""
+        for op in ops:
+            if op.future is not None:
+                self._unsettled.pop(op.future, None)
+            _settle(op)
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._wake_due = None
+            # Confirmations alone (lazy) wake it too: it then sleeps until their deadline.
+            if self._idle and (self._pending or self._closing):
+                self._idle = False
+                self._cond.notify()
+
+    # -- the writer thread ------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._urgent and not self._closing:
+                    wait = None  # nothing pending: until a change comes
+                    if self._pending:  # confirmations only: until their deadline
+                        wait = self._lazy_deadline - time.monotonic()
+                        if wait <= 0:
+                            break
+                    self._idle = True
+                    self._cond.wait(wait)
+                self._idle = False
+                batch, self._pending = self._pending, []
+                self._urgent, self._lazy_deadline = 0, None
+                if not batch and self._closing:
+                    return
+            self._write(batch)
+            self._check_own_file(batch)
+            by_loop: dict[asyncio.AbstractEventLoop, list[_Op]] = {}
+            for op in batch:
+                if op.written is not None:
+                    op.written.set()
+                if op.loop is not None:
+                    by_loop.setdefault(op.loop, []).append(op)
+            for loop, ops in by_loop.items():
+                try:  # one wake-up of the loop per commit, not one per change
+                    loop.call_soon_threadsafe(self._settle_all, ops)
+                except RuntimeError:  # the loop is gone (shutdown): nothing waits any more
+                    pass
+            if any(op.sql for op in batch):
+                self._unchecked_commits += 1
+            self._checkpoint_if_due()
+
+    def _check_own_file(self, batch: list[_Op]) -> None:
+        """After a write: is the database still the file at its path? If not, the batch
+        went into a file no start will read: fail it (undone, the clients told) and refuse
+        every later change. A failed write is remembered until one succeeds."""
+        changes = [op for op in batch if op.sql]
+        if not changes:
+            return
+        if self.broken is None:
+            found = file_identity(self.path)
+            if found != self._identity:
+                what = "was deleted" if found is None else "was replaced by another file"
+                self.broken = (f"lease database {self.path} {what} while topod ran; lease changes are refused "
+                               "until topod is restarted (it then reads what is at that path)")
+                log.error("lease_database_lost", path=str(self.path), reason=what)
+        if self.broken is not None:
+            for op in changes:
+                op.error = op.error or LeaseStoreError(self.broken)
+        errors = [op.error for op in changes if op.error is not None and not isinstance(op.error, sqlite3.IntegrityError)]
+        if errors:
+            self.failing = str(errors[0])
+        elif self.broken is None:
+            self.failing = None
+
+    def problem(self) -> str | None:
+        """Why lease writes fail now (health and STATUS= say it), or None."""
+        if self.broken is not None:
+            return self.broken
+        if self.failing is not None:
+            return f"lease writes failing: {self.failing}"
+        return None
+
+    def _write(self, batch: list[_Op]) -> None:
+        """One transaction for the whole batch. A change that violates a constraint fails
+        alone: the batch is first written straight (the common case: its changes merged
+        into a few multi-row statements, topod.service.batch_sql, each a GIL round trip of
+        this thread), and only when a statement fails is it written again change by
+        change, with a savepoint each. A failed COMMIT fails them all."""
+        try:
+            try:
+                self._transaction(batch, isolate=False)
+            except _StatementFailed:
+                self._transaction(batch, isolate=True)
+        except sqlite3.Error as exc:
+            for op in batch:
+                op.error = op.error or exc
+
+    def _transaction(self, batch: list[_Op], *, isolate: bool) -> None:
+        db = self._db
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            statements = None if isolate else merged(op.sql for op in batch)
+            if statements is not None:
+                try:
+                    for statement, params in statements:
+                        db.execute(statement, params)
+                except sqlite3.Error as exc:
+                    raise _StatementFailed from exc
+            for op in batch if statements is None else ():
+                if isolate:
+                    db.execute("SAVEPOINT change")
+                try:
+                    for statement, params in op.sql:
+                        if isinstance(params, list):
+                            db.executemany(statement, params)
+                        else:
+                            db.execute(statement, params)
+                except sqlite3.Error as exc:
+                    if not isolate:
+                        raise _StatementFailed from exc
+                    db.execute("ROLLBACK TO change")
+                    op.error = exc
+                if isolate:
+                    db.execute("RELEASE change")
+            db.execute("COMMIT")
+            self.commits += 1
+            self.changes += len(batch)
+        except (sqlite3.Error, _StatementFailed):
+            try:
+                db.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            raise
+
+    # -- checkpoints, between batches ---------------------------------------------------
+    def _checkpoint_if_due(self) -> None:
+        """Copy the WAL into the database when it is due and nothing waits (the answers
+        of this batch are already on their way), or regardless when it is long overdue."""
+        due = self._unchecked_commits
+        if due < CHECKPOINT_EVERY_COMMITS:
+            return
+        with self._cond:
+            waiting = bool(self._urgent)
+        if waiting and due < CHECKPOINT_FORCE_COMMITS:
+            return
+        try:
+            self._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            self.checkpoints += 1
+            self._unchecked_commits = 0
+        except sqlite3.Error as exc:  # tried again after the next CHECKPOINT_EVERY_COMMITS commits
+            self._unchecked_commits = 0
+            log.warning("lease_checkpoint_failed", error=str(exc))
+
+    def flush(self, timeout: float = 30.0) -> None:
+        """Wait until every change queued so far is on disk (or failed)."""
+        with self._cond:
+            if self._thread is None or not self._thread.is_alive():
+                return
+            marker = _Op([], lambda: None, None, None, written=threading.Event())
+            self._pending.append(marker)
+            self._urgent += 1
+            self._cond.notify()
+        marker.written.wait(timeout)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        try:  # leave a short WAL behind: the next start reads less
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        except sqlite3.Error:
+            pass
+        self._db.close()
+
+
+class _StatementFailed(Exception):
+    """A statement of a batch written without savepoints failed: write it again with them."""
+
+
+def _settle(op: _Op) -> None:
+    future = op.future
+    if future is None:
+        return
+    if op.error is None:
+        if op.on_success is not None:
+            op.on_success()
+        if not future.done():
+            future.set_result(None)
+    else:
+        op.undo()
+        if not future.done():
+            future.set_exception(_failure(op.error))
+    for callback in op.then or ():
+        try:
+            callback(future)
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:  # noqa: BLE001 - as asyncio's Handle: reported, the rest of the batch settles
+            op.loop.call_exception_handler({"message": "lease store: an on_commit callback failed",
+                                            "exception": exc, "future": future})
+
+
+def _failure(error: BaseException) -> TopodError:
+    if isinstance(error, sqlite3.IntegrityError):
+        return LeaseConflictError(f"refused by the lease database: {error}")
+    return LeaseStoreError(f"lease database write failed, change undone: {error}")
