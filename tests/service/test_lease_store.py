@@ -397,6 +397,10 @@ def test_checkpoints_run_between_batches_and_the_wal_stays_bounded(tmp_path, mon
     import topod.service.lease_writer as lease_writer
 
     monkeypatch.setattr(lease_writer, "CHECKPOINT_EVERY_COMMITS", 4)
+    # On a loaded machine the next change may already wait at every quiet check (the
+    # loop queues it while the writer settles the last): the forced checkpoint still
+    # comes, so the counts and the WAL's bound below hold however the threads interleave.
+    monkeypatch.setattr(lease_writer, "CHECKPOINT_FORCE_COMMITS", 8)
     store = LeaseStore(tmp_path)
     # SQLite's own checkpoint (inside a COMMIT, so inside an answer's wait) is off
     assert store.writer._db.execute("PRAGMA wal_autocheckpoint").fetchone() == (0,)
@@ -409,12 +413,14 @@ def test_checkpoints_run_between_batches_and_the_wal_stays_bounded(tmp_path, mon
 
     asyncio.run(churn(40))
     store.flush()
-    # one every 4 commits, but never while the next change already waits
+    # one every 4 commits when nothing waits, every 8 at the latest
     assert store.checkpoints >= 10 and store.commits >= 80, (store.checkpoints, store.commits)
-    size_after_80 = wal.stat().st_size
+    # checkpointed WAL frames are reused: the WAL holds at most the commits since the
+    # last checkpoint (9, a few pages each); 80 commits unchecked would be ~1 MB
+    bound = 9 * 6 * (4096 + 24) + 32
+    assert wal.stat().st_size <= bound, wal.stat().st_size
     asyncio.run(churn(40))
-    # checkpointed WAL frames are reused: 80 more commits do not grow it
-    assert wal.stat().st_size <= size_after_80 + 16 * 1024, (size_after_80, wal.stat().st_size)
+    assert wal.stat().st_size <= bound, wal.stat().st_size
     store.add(make_lease("kept", (3,)))
     store.close()
     assert wal.stat().st_size == 0 if wal.exists() else True  # closed with a TRUNCATE checkpoint
