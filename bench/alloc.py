@@ -123,7 +123,7 @@ def latency(name: str, steps: int, level: str = "any", cpus: int | str = 0, load
             continue
         k = min(_pick(rng, SIZE_MIX), n)
         state = FreeState(busy_gpus=frozenset(busy), busy_cpus=frozenset(busy_cpus), busy_nics=frozenset(nic_use),
-                          nic_use=dict(nic_use))
+                          nic_use=dict(nic_use), lease_gpus=tuple(frozenset(gpus) for gpus, _, _ in leases))
         cpu_started = time.thread_time()
         started = time.perf_counter()
         try:
@@ -310,12 +310,14 @@ def trace(name: str, events: int, seed: int = 2024, loaded=None, refusing: bool 
     best_effort = BestEffort(topology)
 
     def topod(level: str):
-        return lambda free, k: list(allocate(topology, distances,
-                                             FreeState(busy_gpus=frozenset(set(indices) - set(free))),
-                                             Request(gpus=k, level=level)).gpus)
+        # The running jobs' GPU sets, as the daemon gives its leases' (which GPUs free together).
+        return lambda free, k, jobs: list(allocate(topology, distances,
+                                                   FreeState(busy_gpus=frozenset(set(indices) - set(free)),
+                                                             lease_gpus=tuple(map(frozenset, jobs))),
+                                                   Request(gpus=k, level=level)).gpus)
 
-    allocators = {"topod": topod("any"), "first-fit": lambda free, k: first_fit(free, k),
-                  "best-effort": lambda free, k: best_effort.allocate(free, [], k)}
+    allocators = {"topod": topod("any"), "first-fit": lambda free, k, jobs: first_fit(free, k),
+                  "best-effort": lambda free, k, jobs: best_effort.allocate(free, [], k)}
     if refusing:
         allocators["topod-best"] = topod("best")
     results = {}
@@ -340,7 +342,7 @@ def trace(name: str, events: int, seed: int = 2024, loaded=None, refusing: bool 
             if len(free) < k:
                 continue
             try:
-                gpus = choose(sorted(free), k)
+                gpus = choose(sorted(free), k, [gpus for _, gpus in running])
             except AllocationError:
                 gpus = []
             if not gpus:

@@ -19,8 +19,9 @@ Relative value iteration gives the optimal policy; it is replayed on the seeds
 bench/alloc.py uses. An allocator that does not know the future cannot beat this policy
 in expectation; on one stream it can, by luck, by a little.
 
-Two topod policies are reported. Level 'any' grants at once (the cheapest free set), so
-the ceiling bounds it. Level 'best' refuses any set that is not the host's best: every
+Two topod policies are reported, each told the running jobs' GPU sets (which GPUs come
+back together), as the daemon tells it its leases'. Level 'any' grants at once (the
+cheapest free set), so the ceiling bounds it. Level 'best' refuses any set that is not the host's best: every
 grant it makes is best, but it turns requests away, so the free GPUs evolve differently
 and the ceiling does not bound it; the figure comparable across all of them is the
 share of multi-GPU requests (granted or not) that got a best set.

@@ -32,8 +32,13 @@ How a decision is made:
    - look-ahead: where the host's census of minimum-cost sets exists (hostview: at most
      CENSUS_LIMIT twin-class mixes, up to about 16 GPUs, and not all sets equal), every
      set within k x 1e-7 of the minimum objective (equal cost, differing only in phi) is
-     listed (search.solve_ties) and the one leaving the most host-minimum sets of every
-     size wholly free wins; phi breaks what is left. It never trades cost for packing.
+     listed (search.solve_ties). On hosts of at most packing.SERVABLE_MIXES class mixes
+     (8 GPUs) the one leaving the most requests servable at the host's best wins
+     (disjoint host-minimum sets, summed over sizes), then the one that would leave the
+     most once any one running lease ends (FreeState.lease_gpus: GPUs a lease holds come
+     back together); then, and alone on bigger hosts, the one leaving the most
+     host-minimum sets wholly free (topod.alloc.packing.look_ahead); phi breaks what is
+     left. It never trades cost for packing.
      "Host-minimum" by the search's own costs (the node-crossing term included), so a
      pair the search would never grant first (a DGX-1's cross-socket NVLinks) is not
      kept at the expense of one it would.
@@ -61,7 +66,8 @@ from topod.alloc.grading import (decision_summary, level_floors, level_of, refer
                                  set_cost, set_performance)
 from topod.alloc.hostview import DELTA_NODE, HostView, best_set_census, fresh_view, host_view
 from topod.alloc.nics import pair_nics, tie_break_terms
-from topod.alloc.packing import cheapest_one, free_per_twin, group_kinds, look_ahead, phi_of
+from topod.alloc.packing import (cheapest_one, free_per_twin, group_kinds, lease_classes, look_ahead, phi_of,
+                                 prepare_servable, weighs_servable)
 from topod.alloc.policy import PolicySettings, backpressure_penalty, overload, packing_scale, topology_weight
 from topod.alloc.request import Decision, FreeState, Placement, Request
 from topod.alloc.search import SearchResult, build_problem, one_ties, solve, solve_one, solve_ties
@@ -92,9 +98,13 @@ def _remembered(view: HostView, state: FreeState, request: Request, policy: Poli
     (oldest out), so a state and request seen before (an allocate/release cycle, the
     empty host after prepare) cost a lookup. Refusals are not kept: they raise before any search or after
     a memoised one."""
+    # The lease partition moves only the look-ahead's choice: a host where it does not
+    # weigh them (packing.weighs_servable) keeps a state's decision whatever leases hold
+    # its busy GPUs.
+    leases = frozenset(map(frozenset, state.lease_gpus)) if state.lease_gpus and weighs_servable(view) else None
     key = (request, policy, tau, frozenset(state.busy_gpus), frozenset(state.busy_cpus),
            frozenset(state.reserved_cpus), tuple(sorted(state.node_load.items())), frozenset(state.busy_nics),
-           tuple(sorted(state.nic_use.items())))
+           tuple(sorted(state.nic_use.items())), leases)
     memo = view.decision_memo
     try:
         decision = memo.get(key)
@@ -166,15 +176,17 @@ def _decide(view: HostView, state: FreeState, request: Request, policy: PolicySe
     elif wants_cpus(per_gpu):
         capacity = node_capacity(topology, excluded, per_gpu, cmap, now)
         node_cap = {v: capacity.get(v, 0) for v in set(view.node)}
+    leases = () if one else _lease_shape(view, state, busy)
     result = (cheapest_one(view, busy, weight, node_cap) if one else
-              _search(view, free, must, unary, node_cap, max_nodes, k, policy.search_budget, busy))
+              _search(view, free, must, unary, node_cap, max_nodes, k, policy.search_budget, busy, leases))
     if result is None:
         if unary is None:
             unary = _unary(view, busy, free, weight, nic_terms)
-        result = _without_cpu_limit(view, free, must, unary, node_cap, max_nodes, k, policy, request, limit, busy)
+        result = _without_cpu_limit(view, free, must, unary, node_cap, max_nodes, k, policy, request, limit, busy,
+                                    leases)
     if not calm:
         result = _backpressure(view, free, must, unary, node_cap if node_cap and result_fits(view, result, node_cap)
-                               else None, max_nodes, k, policy, state, result, reasons, busy)
+                               else None, max_nodes, k, policy, state, result, reasons, busy, leases)
     members = list(result.members)
     cost = set_cost(view, members)
     nodes = sorted({view.node[p] for p in members})
@@ -240,6 +252,7 @@ def prepare(topology: Topology, distances: DistanceModel, state: FreeState | Non
         return view
     state = state or FreeState()
     best_set_census(view)
+    prepare_servable(view)
     group_kinds(view)
     cmap = _core_map(view)
     share = _auto_share(view, cmap, state)
@@ -265,6 +278,16 @@ def prepare(topology: Topology, distances: DistanceModel, state: FreeState | Non
         except AllocationError:
             pass  # not grantable in this state: the references above still stand
     return view
+
+
+def _lease_shape(view: HostView, state: FreeState, busy: set[int]) -> tuple[tuple[int, ...], ...]:
+    """The running leases as the look-ahead weighs them (packing.lease_classes); () where
+    it does not (packing.weighs_servable) or no partition was given."""
+    if not state.lease_gpus or not weighs_servable(view):
+        return ()
+    position = view.position
+    return lease_classes(view, [{position[g] for g in gpus if g in position and position[g] in busy}
+                                for gpus in state.lease_gpus])
 
 
 def _unary(view: HostView, busy: set[int], free: list[int], weight: float, nic_terms) -> dict[int, float]:
@@ -343,8 +366,10 @@ def _auto_cap(view: HostView, cmap: CoreMap, state: FreeState, share: dict[int, 
     return {v: capacity.get(v, 0) for v in set(view.node)}
 
 
-def _without_cpu_limit(view, free, must, unary, node_cap, max_nodes, k, policy, request, limit, busy) -> SearchResult:
-    relaxed = _search(view, free, must, unary, None, max_nodes, k, policy.search_budget, busy) if node_cap else None
+def _without_cpu_limit(view, free, must, unary, node_cap, max_nodes, k, policy, request, limit, busy,
+                       leases) -> SearchResult:
+    relaxed = (_search(view, free, must, unary, None, max_nodes, k, policy.search_budget, busy, leases)
+               if node_cap else None)
     if relaxed is None:
         raise LevelUnreachableError(f"no free set of {k} GPUs meets level '{request.level}': it needs the GPUs "
                                     f"within {limit} NUMA node(s)")
@@ -356,7 +381,7 @@ def _without_cpu_limit(view, free, must, unary, node_cap, max_nodes, k, policy, 
 
 
 def _backpressure(view, free, must, unary, node_cap, max_nodes, k, policy, state, result, reasons,
-                  busy) -> SearchResult:
+                  busy, leases) -> SearchResult:
     if not state.node_load:
         return result
     floor = view.cache.get("min_weight")
@@ -368,7 +393,7 @@ def _backpressure(view, free, must, unary, node_cap, max_nodes, k, policy, state
     if not touched:
         return result
     loaded = {p: unary[p] + penalty.get(view.node[p], 0.0) for p in free}
-    moved = _search(view, free, must, loaded, node_cap, max_nodes, k, policy.search_budget, busy)
+    moved = _search(view, free, must, loaded, node_cap, max_nodes, k, policy.search_budget, busy, leases)
     if moved is None or moved.members == result.members:
         return result
     reasons.append(f"back-pressure: node(s) {', '.join(map(str, touched))} overloaded; moved to "
@@ -378,15 +403,17 @@ def _backpressure(view, free, must, unary, node_cap, max_nodes, k, policy, state
 
 
 def _search(view, candidates, must, unary, node_cap, max_nodes, k, budget,
-            busy: set[int] | None = None) -> SearchResult | None:
+            busy: set[int] | None = None, leases: tuple = ()) -> SearchResult | None:
     """The minimum-objective set; given `busy` (a grant, not a reference), the look-ahead
-    chooses among the equal-cost ones.
+    chooses among the equal-cost ones, weighing what each of `leases` (_lease_shape)
+    would give back.
 
     Memoised per view (SEARCH_MEMO_GPUS / GPUs, oldest out), first by the arguments themselves (the
     same GPUs free with the same terms and caps, whatever CPUs the leases hold), then by
     the problem's shape, not its GPUs:
     per class (static twin, per-GPU term, GPUs free, GPUs forced) in the problem's order,
-    the node caps and limits and, for the look-ahead, the free GPUs per twin class. Every
+    the node caps and limits and, for the look-ahead, the free GPUs per twin class and the
+    leases' classes. Every
     solver answers with how many GPUs of each class, taken first-listed first, so the
     same shape gets the same counts whichever twins are free: the memo keeps the counts
     and maps them onto this problem's GPUs. prepare() fills it for the empty host."""
@@ -396,34 +423,34 @@ def _search(view, candidates, must, unary, node_cap, max_nodes, k, budget,
             return solve_one(candidates, unary, view.node, node_cap)
         ties = one_ties(candidates, view.twin, unary, view.node, node_cap, max_nodes, DELTA_FRAG)
         if ties:
-            return look_ahead(view, census, busy, ties)
+            return look_ahead(view, census, busy, ties, leases)
     memo = view.search_memo
     caps = tuple(sorted(node_cap.items())) if node_cap is not None else None
     # The same GPUs free with the same terms (the CPUs leases hold differ): no problem to build.
     exact_key = ("gpus", k, budget, max_nodes, caps, tuple(candidates), frozenset(must),
-                 tuple([unary.get(p, 0.0) for p in candidates]), frozenset(busy) if census else None)
+                 tuple([unary.get(p, 0.0) for p in candidates]), (frozenset(busy), leases) if census else None)
     known = memo.get(exact_key)
     if known is not None:
         return known or None
-    found = _by_shape(view, census, candidates, must, unary, node_cap, max_nodes, caps, k, budget, busy)
+    found = _by_shape(view, census, candidates, must, unary, node_cap, max_nodes, caps, k, budget, busy, leases)
     memo[exact_key] = found or False
     if len(memo) > SEARCH_MEMO_GPUS // view.n:
         del memo[next(iter(memo))]
     return found
 
 
-def _by_shape(view, census, candidates, must, unary, node_cap, max_nodes, caps, k, budget, busy):
+def _by_shape(view, census, candidates, must, unary, node_cap, max_nodes, caps, k, budget, busy, leases):
     """The search by the problem's shape (see _search)."""
     problem = build_problem(candidates, must, view.twin, view.node, view.search_weight, unary, node_cap, max_nodes)
     twin = view.twin
     key = (k, budget, max_nodes, caps,
            tuple([(twin[group[0]], u, len(group), lo) for group, u, lo in zip(problem.members, problem.unary,
                                                                                 problem.lo)]),
-           tuple(free_per_twin(view, busy)) if census else None)
+           (tuple(free_per_twin(view, busy)), leases) if census else None)
     memo = view.search_memo
     known = memo.get(key)
     if known is None:
-        found = _solve(view, census, problem, k, budget, busy)
+        found = _solve(view, census, problem, k, budget, busy, leases)
         memo[key] = _counts(problem, found) if found is not None else False
         if len(memo) > SEARCH_MEMO_GPUS // view.n:
             del memo[next(iter(memo))]
@@ -444,12 +471,12 @@ def _counts(problem, found: SearchResult) -> tuple:  # noqa: ANN001 - search.Pro
     return tuple(counts), found.objective, found.exact, found.visited
 
 
-def _solve(view, census, problem, k, budget, busy) -> SearchResult | None:
+def _solve(view, census, problem, k, budget, busy, leases) -> SearchResult | None:
     if census:
         # phi < 1 per GPU, so sets within DELTA_FRAG x k differ only in the tie-break term
         ties = solve_ties(problem, k, DELTA_FRAG * k, budget=budget)
         if ties:
-            return look_ahead(view, census, busy, ties)
+            return look_ahead(view, census, busy, ties, leases)
     return solve(problem, k, budget)
 
 

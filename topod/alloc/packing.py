@@ -5,7 +5,10 @@
   1e-7 (more for low-priority or short requests: topod.alloc.policy) so that it only
   breaks ties: among equal-cost sets, take GPUs from partly used groups.
 - the look-ahead: of the sets tied at the minimum objective, the one after which the
-  most host-minimum sets of every size (hostview's census) are still wholly free.
+  most requests of every size could be served at once at the host's best (disjoint
+  host-minimum sets, hostview's census); then the one after which the most could be so
+  served once any one running lease ends (summed over the leases: GPUs a lease holds
+  free together); then the most host-minimum sets still wholly free.
 - cheapest_one: the search's answer for one GPU with nothing but phi to weigh, by bit masks.
 
 Every table here is built once per host view and kept in its cache (view.cache).
@@ -13,9 +16,10 @@ Every table here is built once per host view and kept in its cache (view.cache).
 
 from __future__ import annotations
 
+from itertools import product
 from math import comb
 
-from topod.alloc.hostview import Census, HostView
+from topod.alloc.hostview import Census, HostView, best_set_census
 from topod.alloc.search import SearchResult
 
 # phi lists kept per view (by busy set): this many divided by the view's GPUs, oldest out.
@@ -23,6 +27,14 @@ PHI_MEMO_GPUS = 16_384
 # phi values kept per GPU kind (see phi_of): 1,024 at most, ~0.1 MiB per kind (256 on a
 # kind whose groups span 8 GPUs, all its busy patterns).
 KIND_MEMO = 1_024
+# look_ahead's scores kept per view (class mix left free, and with the lease shape).
+SERVED_MEMO = 4_096
+# The look-ahead counts disjoint host-minimum sets (servable) on hosts of at most this
+# many class mixes (81 on pcie-8gpu, 256 on the cube mesh: every count, 2 ms, at
+# prepare()); above it, the count of sets alone. On a 16-GPU host of eight classes of two
+# (6,561 mixes) the counts take ~190 ms in all, up to 0.5 ms for one mix, and a decision
+# needs one per tied set and lease: past the 1 ms goal there.
+SERVABLE_MIXES = 1_024
 
 
 def cheapest_one(view: HostView, busy: set[int], weight: float,
@@ -80,28 +92,155 @@ def free_per_twin(view: HostView, busy: set[int]) -> list[int]:
     return free_in
 
 
-def look_ahead(view: HostView, census: Census, busy: set[int], ties: list[SearchResult]) -> SearchResult:
-    """Of equal-cost sets, the one after which the most host-minimum sets of every size
-    (the census) are still wholly free: requests that come next can still be served at
-    the host's best. A set counts once per way to pick it, so a whole free switch or
-    node keeps many; `ties` comes lowest objective first, so phi decides among equals."""
+def look_ahead(view: HostView, census: Census, busy: set[int], ties: list[SearchResult],
+               leases: tuple[tuple[int, ...], ...] = ()) -> SearchResult:
+    """Of equal-cost sets, the one that keeps the most requests servable at the host's
+    best, by three measures in turn:
+    1. disjoint host-minimum sets left free, summed over sizes (what requests that come
+       next could get at once; a free path of two double links holds two best pairs
+       but serves one pair request);
+    2. the same once one running lease ends, summed over the leases (`leases`: per lease
+       the twin classes of its GPUs, see lease_classes). Leases end independently and
+       any of them may be next, and a lease's GPUs come back together: a single GPU put
+       into the hole a big lease leaves in a node keeps that node from coming back
+       whole, one put beside another small lease does not (issue 26, on the cube mesh
+       the optimal policy's commonest difference from the census count alone);
+    3. host-minimum sets still wholly free, counted once per way to pick them, so a
+       whole free switch or node keeps many.
+    1 and 2 only where weighs_servable (their cost: SERVABLE_MIXES); 3 alone elsewhere.
+    `ties` comes lowest objective first, so phi decides among equals."""
     if len(ties) == 1:
         return ties[0]
     free_in = free_per_twin(view, busy)
-    # One score per class mix left free: at most CENSUS_LIMIT of them per host.
-    memo = view.cache.setdefault("sets_left", {})
+    if not weighs_servable(view):
+        return _most_sets_left(view, census, ties, free_in)
+    # One score per class mix left free and lease shape.
+    memo = view.cache.setdefault("served_left", {})
+    best, chosen = None, ties[0]
+    for result in ties:
+        left = list(free_in)
+        for p in result.members:
+            left[view.twin[p]] -= 1
+        key = (tuple(left), leases)
+        score = memo.get(key)
+        if score is None:
+            if len(memo) >= SERVED_MEMO:
+                memo.clear()
+            score = memo[key] = (servable(view, census, left), servable_after_one_end(view, census, left, leases),
+                                 sets_left(view, census, left))
+        if best is None or score > best:
+            best, chosen = score, result
+    return chosen
+
+
+def _most_sets_left(view: HostView, census: Census, ties: list[SearchResult], free_in: list[int]) -> SearchResult:
     best, chosen = -1, ties[0]
     for result in ties:
         left = list(free_in)
         for p in result.members:
             left[view.twin[p]] -= 1
-        key = tuple(left)
-        score = memo.get(key)
-        if score is None:
-            score = memo[key] = _sets_left(census, left, sum(left))
+        score = sets_left(view, census, left)
         if score > best:
             best, chosen = score, result
     return chosen
+
+
+def weighs_servable(view: HostView) -> bool:
+    """Whether look_ahead counts disjoint sets (and so weighs the leases) on this host:
+    a census, of at most SERVABLE_MIXES class mixes."""
+    applies = view.cache.get("weighs_servable")
+    if applies is None:
+        mixes = 1
+        for count in free_per_twin(view, set()):
+            mixes *= count + 1
+        applies = view.cache["weighs_servable"] = bool(best_set_census(view)) and mixes <= SERVABLE_MIXES
+    return applies
+
+
+def prepare_servable(view: HostView) -> None:
+    """Every class mix's servable count, computed now (engine.prepare), so no decision
+    pays for one."""
+    if not weighs_servable(view):
+        return
+    census = best_set_census(view)
+    for left in product(*(range(count + 1) for count in free_per_twin(view, set()))):
+        servable(view, census, list(left))
+    view.cache.pop("most_disjoint", None)  # what servable keeps covers every mix now
+
+
+def lease_classes(view: HostView, leases) -> tuple[tuple[int, ...], ...]:  # noqa: ANN001 - GPU position sets
+    """Per lease the static twin classes of its GPUs (sorted), the leases sorted: all
+    look_ahead needs of the partition (twins are interchangeable), so a memo keyed by it
+    serves every partition of the same shape."""
+    return tuple(sorted(tuple(sorted(view.twin[p] for p in gpus)) for gpus in leases if gpus))
+
+
+def servable_after_one_end(view: HostView, census: Census, left: list[int],
+                           leases: tuple[tuple[int, ...], ...]) -> int:
+    total = 0
+    for classes in leases:
+        after = list(left)
+        for c in classes:
+            after[c] += 1
+        total += servable(view, census, after)
+    return total
+
+
+def servable(view: HostView, census: Census, left: list[int]) -> int:
+    """Summed over the census's sizes: how many disjoint host-minimum sets of that size
+    the free GPUs (`left`, per twin class) hold at most. Kept per view by `left` (a class
+    mix: at most SERVABLE_MIXES of them)."""
+    memo = view.cache.setdefault("servable", {})
+    key = tuple(left)
+    total = memo.get(key)
+    if total is None:
+        room = sum(left)
+        most = view.cache.setdefault("most_disjoint", {})
+        total = memo[key] = sum(_most_disjoint(most, size, mixes, key)
+                                for size, mixes in census_by_size(view, census) if size <= room)
+    return total
+
+
+def _most_disjoint(memo: dict, size: int, mixes: list[tuple[tuple[int, int], ...]], left: tuple[int, ...]) -> int:
+    """The most size-GPU mixes (each usable again) that fit in `left` together; kept in
+    `memo` by (size, left), so the mixes left after taking one are shared by every query
+    that reaches them. Stops once the room divided by the size is met."""
+    key = (size, left)
+    best = memo.get(key)
+    if best is not None:
+        return best
+    best = 0
+    bound = sum(left) // size
+    if bound:
+        for mix in mixes:
+            if all(left[c] >= count for c, count in mix):
+                rest = list(left)
+                for c, count in mix:
+                    rest[c] -= count
+                best = max(best, 1 + _most_disjoint(memo, size, mixes, tuple(rest)))
+                if best >= bound:
+                    break
+    memo[key] = best
+    return best
+
+
+def census_by_size(view: HostView, census: Census) -> list[tuple[int, list[tuple[tuple[int, int], ...]]]]:
+    cached = view.cache.get("census_by_size")
+    if cached is None:
+        sizes: dict[int, list] = {}
+        for size, mix in census:
+            sizes.setdefault(size, []).append(mix)
+        cached = view.cache["census_by_size"] = sorted(sizes.items())
+    return cached
+
+
+def sets_left(view: HostView, census: Census, left: list[int]) -> int:
+    memo = view.cache.setdefault("sets_left", {})
+    key = tuple(left)
+    score = memo.get(key)
+    if score is None:
+        score = memo[key] = _sets_left(census, left, sum(left))
+    return score
 
 
 def _sets_left(census: Census, left: list[int], room: int) -> int:

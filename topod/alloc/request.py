@@ -208,6 +208,10 @@ class FreeState:
     node_load: dict[int, float] = field(default_factory=dict)
     busy_nics: frozenset[str] = frozenset()  # NIC port keys (address/port) leases hold (topod.alloc.nics)
     nic_use: dict[str, int] = field(default_factory=dict)  # NIC port key -> leases carrying it
+    # GPU indices of each running lease: which busy GPUs come back together. The
+    # look-ahead weighs what each lease's end would give back (topod.alloc.packing);
+    # empty: busy GPUs only, as before.
+    lease_gpus: tuple[frozenset[int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

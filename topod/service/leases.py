@@ -130,6 +130,7 @@ class LeaseService:
         use = self.leased_nics()
         free = FreeState(
             busy_gpus=frozenset(self.leased_gpus()),
+            lease_gpus=self._lease_gpus(),
             busy_cpus=frozenset(self.leased_cpus()),
             reserved_cpus=frozenset(self.reserved_cpus),
             node_load=dict(self.state.node_load),
@@ -138,6 +139,16 @@ class LeaseService:
         )
         self._free = (key, free)
         return free
+
+    def _lease_gpus(self) -> tuple[frozenset[int], ...]:
+        """Present GPU indices per lease holding any: GPUs one lease holds free together,
+        which the engine's look-ahead weighs (topod.alloc.packing)."""
+        present = self._gpu_addresses()
+        held: dict[str, set[int]] = {}
+        for address in self.store.leased_addresses():
+            if address in present:
+                held.setdefault(self.store.holder_of(address), set()).add(present[address])
+        return tuple(frozenset(gpus) for gpus in held.values())
 
     def _gpus_by_index(self) -> dict[int, Any]:
         """The topology's GPUs by index, built once per topology."""
