@@ -247,3 +247,19 @@ def test_topoctl_run_without_cpus_says_so_and_binds_no_memory(daemon_factory, tm
     seen = json.loads(out.read_text())
     assert set(seen["cpus"]) == os.sched_getaffinity(0), "left unpinned"
     assert " bind:" not in seen["maps"], "and no memory policy without CPU binding"
+
+
+@pytest.mark.parametrize("held, expected", [((0, 3), 7), ((0,), 1)])
+def test_a_one_gpu_grant_on_a_cube_mesh_weighs_which_gpus_each_lease_holds(daemon_factory, held, expected):
+    """The daemon hands the engine its lease partition: with GPUs 0, 3 and 4 busy, a
+    single GPU goes beside the lone lease on GPU 4 (7) when {0, 3} is one lease, so that
+    pair's socket comes back whole when it ends; when 0 and 3 are leases of their own it
+    goes beside them (1). Same busy GPUs, same cost: only the partition differs."""
+    client = daemon_factory("dgx1-cubemesh").start()
+    if len(held) == 2:
+        assert sorted(client.allocate(2, must_include=list(held), level="any", cpus_per_gpu=0)["gpus"]) == [0, 3]
+    else:
+        for gpu in (0, 3):
+            assert client.allocate(1, must_include=[gpu], level="any", cpus_per_gpu=0)["gpus"] == [gpu]
+    assert client.allocate(1, must_include=[4], level="any", cpus_per_gpu=0)["gpus"] == [4]
+    assert client.allocate(1, level="any", cpus_per_gpu=0)["gpus"] == [expected]
