@@ -78,7 +78,7 @@ class LeaseScopes:
     # -- placing a process ---------------------------------------------------------------
     async def place(self, lease_id: str, body: Any, caller: Any) -> dict:
         from topod.service.lease_rules import PermissionDeniedError
-        from topod.service.leases import LeaseNotFoundError
+        from topod.service.lease_lifecycle import LeaseNotFoundError
         from topod.service.owner import descends_from, process_exists
 
         pid = pid_of_body(body, self.alloc.limits.pid_max)
