@@ -91,10 +91,11 @@ _MASKS: dict[tuple[str, int], tuple[int, ...]] = {}
 
 
 def _cpumask(text: str, limit: int) -> tuple[int, ...]:
-    if not all(is_hex(word, 1, 8) for word in text.split(",")):
+    words = text.split(",")
+    if not all(is_hex(word, 1, 8) for word in words):
         raise ValueError(f"bad cpumask {_short(text)}")
     cpus: list[int] = []
-    for position, word in enumerate(reversed(text.split(","))):
+    for position, word in enumerate(reversed(words)):
         value = int(word, 16)
         if not value:
             continue

@@ -252,7 +252,7 @@ def test_a_database_removed_under_the_store_refuses_writes_and_says_why(ledger, 
         return kept
 
     kept = asyncio.run(scenario())
-    assert store.broken is not None and "restarted" in store.problem()
+    assert store.writer.broken is not None and "restarted" in store.problem()
     assert [lease.id for lease in store.all()] == [kept.id], "the refused grants left nothing in memory"
 
 

@@ -414,7 +414,7 @@ def test_checkpoints_run_between_batches_and_the_wal_stays_bounded(tmp_path, mon
     asyncio.run(churn(40))
     store.flush()
     # one every 4 commits when nothing waits, every 8 at the latest
-    assert store.checkpoints >= 10 and store.commits >= 80, (store.checkpoints, store.commits)
+    assert store.writer.checkpoints >= 10 and store.commits >= 80, (store.writer.checkpoints, store.commits)
     # checkpointed WAL frames are reused: the WAL holds at most the commits since the
     # last checkpoint (9, a few pages each); 80 commits unchecked would be ~1 MB
     bound = 9 * 6 * (4096 + 24) + 32
@@ -440,15 +440,15 @@ def test_a_checkpoint_waits_for_a_quiet_moment_but_not_for_ever(tmp_path, monkey
     for n in range(5):
         store.writer._unchecked_commits = n
         store.writer._checkpoint_if_due()
-    assert store.checkpoints == 0, "due, but a change waits: the answer goes first"
+    assert store.writer.checkpoints == 0, "due, but a change waits: the answer goes first"
     store.writer._unchecked_commits = 6
     store.writer._checkpoint_if_due()
-    assert store.checkpoints == 1 and store.writer._unchecked_commits == 0, "overdue: done regardless"
+    assert store.writer.checkpoints == 1 and store.writer._unchecked_commits == 0, "overdue: done regardless"
     store.writer._pending.clear()
     store.writer._urgent = 0
     store.writer._unchecked_commits = 2
     store.writer._checkpoint_if_due()
-    assert store.checkpoints == 2, "due and quiet"
+    assert store.writer.checkpoints == 2, "due and quiet"
     store.close()
 
 
@@ -483,7 +483,7 @@ def test_a_failing_checkpoint_is_logged_and_loses_nothing(tmp_path, monkeypatch)
 
     asyncio.run(grant())
     store.flush()
-    assert calls and store.checkpoints == 0
+    assert calls and store.writer.checkpoints == 0
     store.close()
     reopened = LeaseStore(tmp_path)
     assert sorted(lease.id for lease in reopened.all()) == ["a", "b"]

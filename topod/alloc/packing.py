@@ -112,37 +112,30 @@ def look_ahead(view: HostView, census: Census, busy: set[int], ties: list[Search
     if len(ties) == 1:
         return ties[0]
     free_in = free_per_twin(view, busy)
-    if not weighs_servable(view):
-        return _most_sets_left(view, census, ties, free_in)
-    # One score per class mix left free and lease shape.
-    memo = view.cache.setdefault("served_left", {})
+    weighs = weighs_servable(view)
     best, chosen = None, ties[0]
     for result in ties:
         left = list(free_in)
         for p in result.members:
             left[view.twin[p]] -= 1
-        key = (tuple(left), leases)
-        score = memo.get(key)
-        if score is None:
-            if len(memo) >= SERVED_MEMO:
-                memo.clear()
-            score = memo[key] = (servable(view, census, left), servable_after_one_end(view, census, left, leases),
-                                 sets_left(view, census, left))
+        score = _served_left(view, census, left, leases) if weighs else sets_left(view, census, left)
         if best is None or score > best:
             best, chosen = score, result
     return chosen
 
 
-def _most_sets_left(view: HostView, census: Census, ties: list[SearchResult], free_in: list[int]) -> SearchResult:
-    best, chosen = -1, ties[0]
-    for result in ties:
-        left = list(free_in)
-        for p in result.members:
-            left[view.twin[p]] -= 1
-        score = sets_left(view, census, left)
-        if score > best:
-            best, chosen = score, result
-    return chosen
+def _served_left(view: HostView, census: Census, left: list[int],
+                 leases: tuple[tuple[int, ...], ...]) -> tuple[int, int, int]:
+    """look_ahead's three measures for a class mix left free, kept per view with the lease shape."""
+    memo = view.cache.setdefault("served_left", {})
+    key = (tuple(left), leases)
+    score = memo.get(key)
+    if score is None:
+        if len(memo) >= SERVED_MEMO:
+            memo.clear()
+        score = memo[key] = (servable(view, census, left), servable_after_one_end(view, census, left, leases),
+                             sets_left(view, census, left))
+    return score
 
 
 def weighs_servable(view: HostView) -> bool:

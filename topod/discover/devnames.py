@@ -5,7 +5,6 @@ controller may have `<function>/block/NAME` directly."""
 
 from __future__ import annotations
 
-
 from topod.host import HostRoot
 from topod.sysnames import numbered
 

@@ -6,7 +6,6 @@ counted in pages. A kernel without hugetlbfs has no hugepages directory: no pool
 
 from __future__ import annotations
 
-
 from topod.discover.notes import Notes
 from topod.host import HostRoot
 from topod.model import HugePages

@@ -14,7 +14,6 @@ Parsing functions take text; `apply_memory_facts` takes a HostRoot and the nodes
 
 from __future__ import annotations
 
-
 from topod.cpulist import parse_cpulist
 from topod.discover.notes import Notes
 from topod.host import HostRoot

@@ -23,7 +23,7 @@ from topod.config import Config, cpus, load_config
 from topod.errors import ConfigError, UnavailableError
 from topod.events import EventBus
 from topod.host import HostRoot
-from topod.service.container import detect_container
+from topod.service.container import detect_container, irq_writes_withheld
 from topod.service.daemon_loops import DaemonLoops
 from topod.discover.memo import DiscoveryMemo
 from topod.service.heap import freeze_long_lived
@@ -445,6 +445,23 @@ class Daemon(DaemonLoops):
         probe = "probes links" if probing["enabled"] and probes_this_root(self.host, probing) else "no link probes"
         return (f"root {self.host.root} ({'live host' if self.host.is_live else 'captured tree'}): {irq}; {probe}; "
                 f"leases in {self.store.path}; API on {self.api_address}")
+
+    @property
+    def irq_withheld(self) -> str | None:
+        """Why IRQ writes are withheld (in a container, without allow_in_container), or None."""
+        return irq_writes_withheld(self.config.section("irq"), self.container)
+
+    def irq_section(self) -> dict:
+        """[irq] as the balancer gets it: withheld writes make continuous act as dry-run."""
+        section = self.config.section("irq")
+        if self.irq_withheld:
+            section["mode"] = "dry-run"
+        return section
+
+    def _gpu_numbers(self, lease) -> tuple[int, ...]:
+        """N of each leased GPU's /dev/nvidiaN in the current topology (the index when gone)."""
+        gpus = {gpu.index: gpu for gpu in self.state.topology.gpus}
+        return tuple(gpus[i].device_number if i in gpus else i for i in lease.gpus)
 
     def stop(self) -> None:
         self._stop.set()

@@ -15,7 +15,6 @@ import asyncio
 import structlog
 
 from topod.config import Config
-from topod.service.container import irq_writes_withheld
 from topod.service.hotplug import HotplugSource, discover_checked, udev_settings
 from topod.service.supervise import Backoff, supervise
 from topod.service.watchdog import run_watchdog, watchdog_interval
@@ -187,11 +186,6 @@ class DaemonLoops:
         finally:
             await self.scopes.close()
 
-    def _gpu_numbers(self, lease) -> tuple[int, ...]:
-        """N of each leased GPU's /dev/nvidiaN in the current topology (the index when gone)."""
-        gpus = {gpu.index: gpu for gpu in self.state.topology.gpus}
-        return tuple(gpus[i].device_number if i in gpus else i for i in lease.gpus)
-
     async def _irq_loop(self) -> None:
         from topod.service.irq_task import IrqTask
 
@@ -204,18 +198,6 @@ class DaemonLoops:
             await self._supervised("irq", lambda: task.iteration(interval), self._deadline(interval))
         finally:
             await task.close()
-
-    @property
-    def irq_withheld(self) -> str | None:
-        """Why IRQ writes are withheld (in a container, without allow_in_container), or None."""
-        return irq_writes_withheld(self.config.section("irq"), self.container)
-
-    def irq_section(self) -> dict:
-        """[irq] as the balancer gets it: withheld writes make continuous act as dry-run."""
-        section = self.config.section("irq")
-        if self.irq_withheld:
-            section["mode"] = "dry-run"
-        return section
 
     async def _probe_loop(self) -> None:
         from topod.service.probe_task import ProbeTask

@@ -60,16 +60,6 @@ class LeaseStore:
 
     # -- the writer's state, read through the store ----------------------------------
     @property
-    def broken(self) -> str | None:
-        """Set once: the database is not the file at its path; every change is refused."""
-        return self.writer.broken
-
-    @property
-    def failing(self) -> str | None:
-        """The last write's error, until a write succeeds."""
-        return self.writer.failing
-
-    @property
     def commits(self) -> int:
         """Transactions written (one fsync each)."""
         return self.writer.commits
@@ -78,11 +68,6 @@ class LeaseStore:
     def changes(self) -> int:
         """Changes the commits carried."""
         return self.writer.changes
-
-    @property
-    def checkpoints(self) -> int:
-        """WAL checkpoints the writer ran between batches."""
-        return self.writer.checkpoints
 
     def problem(self) -> str | None:
         """Why lease writes fail now (health and STATUS= say it), or None."""
