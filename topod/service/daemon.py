@@ -244,7 +244,8 @@ class Daemon(DaemonLoops):
             "isolation": self.isolate.health(),
             "scopes": self.scopes.health(),
             "loops": self.supervisor.report(now),
-            "commits": {"transactions": self.store.commits, "changes": self.store.changes},
+            "commits": {"transactions": self.store.commits, "changes": self.store.changes,
+                        "on_loop": self.store.writer.loop_commits},
         }
 
     async def irq_report(self) -> dict:
