@@ -529,6 +529,44 @@ def test_a_confirmation_rides_with_the_next_commit_or_goes_alone_within_a_second
     reopened.close()
 
 
+def test_confirmations_share_one_deadline_timer_and_the_last_one_is_still_written(tmp_path, monkeypatch):
+    """Each grant's confirmation sets a deadline when none is pending; the loop keeps one
+    timer for them, not one per grant (thousands a second under load), and the timer
+    waits on for a deadline set after it was armed."""
+    import topod.service.lease_writer as lease_writer
+
+    monkeypatch.setattr(lease_writer, "LAZY_SECONDS", 0.3)
+    store = LeaseStore(tmp_path)
+
+    async def scenario() -> tuple[int, float]:
+        loop = asyncio.get_running_loop()
+        timers = []
+        call_later = loop.call_later
+
+        def counted(delay, callback, *args, **kwargs):
+            if getattr(callback, "__func__", None) is lease_writer.GroupCommitWriter._lazy_due:
+                timers.append(delay)
+            return call_later(delay, callback, *args, **kwargs)
+
+        loop.call_later = counted
+        for n in range(30):  # each confirmation rides with the next change, the release
+            await store.add(replace(make_lease(f"l{n}", (n % 4,)), confirmed=False))
+            store.confirm(f"l{n}")
+            await store.remove(f"l{n}")[1]
+        await asyncio.sleep(0.2)  # the first deadline's timer is still armed
+        await store.add(replace(make_lease("last", (5,)), confirmed=False))
+        started = loop.time()
+        await store.confirm("last")  # alone: written at its own deadline, past the timer's
+        return len(timers), loop.time() - started
+
+    timers, waited = asyncio.run(scenario())
+    assert timers <= 3, timers  # one, then armed again for the last deadline (31 were one each)
+    assert 0.2 < waited < 1.5, waited
+    store.flush()
+    assert _confirmed_on_disk(store, "last")
+    store.close()
+
+
 def test_checkpoints_run_between_batches_and_the_wal_stays_bounded(tmp_path, monkeypatch):
     import topod.service.lease_writer as lease_writer
 

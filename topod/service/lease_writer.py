@@ -103,6 +103,7 @@ class GroupCommitWriter:
         self._wake_due: asyncio.AbstractEventLoop | None = None  # the loop _wake is due on
         self._urgent = 0  # pending changes someone waits on (all but confirmations)
         self._lazy_deadline: float | None = None  # when pending confirmations alone get written
+        self._lazy_timer: asyncio.AbstractEventLoop | None = None  # the loop a deadline timer runs on
         self._closing = False
         self._thread: threading.Thread | None = None
         self.commits = 0  # transactions written (one fsync each)
@@ -155,7 +156,9 @@ class GroupCommitWriter:
             if lazy:  # no wake-up: it rides with the next commit, or goes at its deadline
                 if self._lazy_deadline is None:
                     self._lazy_deadline = time.monotonic() + LAZY_SECONDS
-                    loop.call_later(LAZY_SECONDS, self._lazy_due)
+                    if self._lazy_timer is not loop:  # one timer at a time, not one per grant
+                        self._lazy_timer = loop
+                        loop.call_later(LAZY_SECONDS, self._lazy_due, loop)
             else:
                 self._urgent += 1
                 if self._idle and self._wake_due is not loop:
@@ -226,10 +229,15 @@ class GroupCommitWriter:
         self._urgent, self._lazy_deadline = 0, None
         return batch
 
-    def _lazy_due(self) -> None:
+    def _lazy_due(self, loop: asyncio.AbstractEventLoop) -> None:
         """A confirmation's deadline (on its loop): wake the idle writer to write it, if
-        no commit has taken it along meanwhile."""
+        no commit has taken it along meanwhile; wait on for a later one's."""
         with self._cond:
+            deadline = self._lazy_deadline
+            if deadline is not None and deadline > time.monotonic():
+                loop.call_later(deadline - time.monotonic(), self._lazy_due, loop)
+                return
+            self._lazy_timer = None
             if self._idle and self._pending and not self._urgent:
                 self._idle = False
                 self._cond.notify()
