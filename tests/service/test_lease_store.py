@@ -172,6 +172,44 @@ def test_a_slow_disk_holds_the_loop_for_one_commit_then_the_thread_writes_until_
     store.close()
 
 
+@pytest.mark.parametrize("path", ["loop", "thread"])
+def test_a_fault_that_is_no_sqlite_error_fails_its_change_and_the_writer_goes_on(tmp_path, monkeypatch, path):
+    """A bug or MemoryError inside a commit: that change is undone and its client told,
+    health says writes fail, and the next change is written (the writer thread alive, the
+    loop not stalled), on either commit path."""
+    import topod.service.lease_writer as lease_writer
+
+    if path == "thread":
+        monkeypatch.setattr(lease_writer, "LOOP_COMMIT_UNDER_SECONDS", 0.0)
+    store = LeaseStore(tmp_path)
+    real = store.writer._transaction
+    faults = ["a bug in the middle of a commit"]
+
+    def faulty(batch, *, isolate):
+        if faults:
+            raise RuntimeError(faults.pop())
+        return real(batch, isolate=isolate)
+
+    async def scenario() -> None:
+        await store.add(make_lease("a", (0,)))
+        store.writer._transaction = faulty
+        loop_commits = store.writer.loop_commits
+        with pytest.raises(LeaseStoreError, match="a bug in the middle of a commit"):
+            await asyncio.wait_for(store.add(make_lease("b", (1,))), 5)
+        assert store.writer.loop_commits == loop_commits + (path == "loop")
+        assert store.get("b") is None and store.holder_of("0000:11:00.0") is None, "undone"
+        assert "a bug in the middle of a commit" in store.writer.problem()
+        await asyncio.wait_for(store.add(make_lease("c", (1,))), 5)
+        assert store.writer.problem() is None
+
+    asyncio.run(scenario())
+    assert store.writer._thread.is_alive()
+    store.close()
+    reopened = LeaseStore(tmp_path)
+    assert sorted(lease.id for lease in reopened.all()) == ["a", "c"]
+    reopened.close()
+
+
 def test_commits_on_the_loop_and_on_the_thread_keep_the_order_of_the_changes(tmp_path):
     """Grants and releases of the same GPUs, queued alone or several to a turn, while the
     disk is now fast, now slow: the loop and the thread take turns at committing, and

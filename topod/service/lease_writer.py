@@ -324,13 +324,15 @@ class GroupCommitWriter:
         alone: the batch is first written straight (the common case: its changes merged
         into a few multi-row statements, topod.service.batch_sql, each a GIL round trip of
         this thread), and only when a statement fails is it written again change by
-        change, with a savepoint each. A failed COMMIT fails them all."""
+        change, with a savepoint each. A failed COMMIT fails them all, and so does a fault
+        that is no SQLite error (a bug, memory): the changes are undone and their clients
+        told, and the writer, on the loop or its thread, goes on with the next batch."""
         try:
             try:
                 self._transaction(batch, isolate=False)
             except _StatementFailed:
                 self._transaction(batch, isolate=True)
-        except sqlite3.Error as exc:
+        except Exception as exc:  # noqa: BLE001 - see above: no change may wait for ever
             for op in batch:
                 op.error = op.error or exc
 
@@ -364,7 +366,7 @@ class GroupCommitWriter:
             db.execute("COMMIT")
             self.commits += 1
             self.changes += len(batch)
-        except (sqlite3.Error, _StatementFailed):
+        except Exception:
             try:
                 db.execute("ROLLBACK")
             except sqlite3.Error:
