@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from topod.client import ApiError
+
 
 WATCHDOG_USEC = 1_000_000  # pings every 0.5 s
 LINK_TABLES = Path(__file__).resolve().parents[1] / "fixtures" / "links"
@@ -164,6 +166,22 @@ def test_started_with_defaults_the_daemon_is_ready_balances_irqs_and_reports_pro
     assert "no link probes" in s.daemon.log(), "the host_access line says so too"
     assert _wait_until(lambda: s.client.request("GET", "/v1/irqs").get("cycles", 0) >= 1 or
                        s.client.health()["irq"].get("cycles", 0) >= 1)
+
+
+def test_a_lease_database_deleted_under_the_daemon_refuses_changes_and_says_so_everywhere(scenario):
+    """Commits would go into an unlinked file no start reads: every change is refused,
+    health is degraded with the reason, systemd's STATUS= names it, what was granted stays."""
+    s = scenario()
+    lease = s.allocate(1)
+    database = Path(s.daemon.state) / "leases.sqlite3"
+    database.unlink()
+    with pytest.raises(ApiError) as refused:
+        s.client.allocate(1)
+    assert "was deleted" in str(refused.value)
+    health = s.check(expect_degraded=True)
+    assert health["status"] == "degraded" and any("was deleted" in reason for reason in health["degraded"])
+    assert _wait_until(lambda: any("was deleted" in status for status in s.notify.statuses()), timeout=15)
+    assert s.client.lease(lease["id"])["gpus"] == lease["gpus"]
 
 
 def test_a_failing_rescan_is_survived_reported_once_and_recovers(scenario):

@@ -210,6 +210,29 @@ def test_a_fault_that_is_no_sqlite_error_fails_its_change_and_the_writer_goes_on
     reopened.close()
 
 
+def test_a_write_that_does_not_end_is_reported_while_it_lasts(tmp_path, monkeypatch):
+    """A disk that stops answering: the commit waits (nothing undone, it may still land)
+    and health's problem says so until it ends; the loop goes on meanwhile."""
+    import topod.service.lease_writer as lease_writer
+
+    monkeypatch.setattr(lease_writer, "STALLED_WRITE_SECONDS", 0.2)
+    store = LeaseStore(tmp_path)
+    _watch_transactions(store, lambda: 0.6)
+    seen: list[str | None] = []
+
+    async def scenario() -> None:
+        commit = store.add(make_lease("a", (0,)))  # the first commit: the thread's
+        for _ in range(8):
+            await asyncio.sleep(0.1)
+            seen.append(store.writer.problem())
+        await commit
+
+    asyncio.run(scenario())
+    assert seen[0] is None and any(p and "lease write stalled" in p for p in seen), seen
+    assert store.writer.problem() is None and store.get("a") is not None
+    store.close()
+
+
 def test_commits_on_the_loop_and_on_the_thread_keep_the_order_of_the_changes(tmp_path):
     """Grants and releases of the same GPUs, queued alone or several to a turn, while the
     disk is now fast, now slow: the loop and the thread take turns at committing, and

@@ -309,8 +309,9 @@ class Daemon(DaemonLoops):
         missing = sum(1 for lease in self.alloc.leases() if lease.missing_gpus)
         if missing:
             parts.append(f"{missing} lease(s) degraded (GPU gone)")
-        if self.store.problem():
-            parts.append("lease writes failing")
+        store_problem = self.store.problem()
+        if store_problem:  # its first words: "lease writes failing", "lease write stalled for 7 s"
+            parts.append(store_problem.split(":", 1)[0])
         if self.config_error:
             parts.append(f"config rejected: {self.config_error}")
         return "; ".join(parts)

@@ -62,6 +62,9 @@ LAZY_SECONDS = 1.0
 # exponential one, COMMIT_AVERAGE_WEIGHT for the newest) is under this: a disk this slow
 # would hold the loop, and every client, that long.
 LOOP_COMMIT_UNDER_SECONDS = 0.002
+# A write running this long is a disk that does not answer: health says so while it lasts
+# (the changes in it wait; nothing is undone, as the write may still land).
+STALLED_WRITE_SECONDS = 5.0
 COMMIT_AVERAGE_WEIGHT = 0.2
 
 
@@ -97,6 +100,7 @@ class GroupCommitWriter:
         # change); taken while holding _cond, with the batch, so batches commit in order.
         self._db_lock = threading.Lock()
         self._commit_seconds: float | None = None  # the recent commits' average; None before the first
+        self._writing_since: float | None = None  # when the write in progress began
         self._unsettled: dict[asyncio.Future, _Op] = {}  # commit -> its change, until settled (on_commit)
         self._cond = threading.Condition()
         self._idle = False  # the writer waits on _cond: a change must wake it
@@ -279,8 +283,11 @@ class GroupCommitWriter:
 
     def _commit(self, batch: list[_Op]) -> None:
         """Write the batch and check the file, holding _db_lock."""
-        started = time.monotonic()
-        self._write(batch)
+        self._writing_since = started = time.monotonic()
+        try:
+            self._write(batch)
+        finally:
+            self._writing_since = None
         elapsed = time.monotonic() - started
         average = self._commit_seconds
         self._commit_seconds = elapsed if average is None else average + COMMIT_AVERAGE_WEIGHT * (elapsed - average)
@@ -317,6 +324,9 @@ class GroupCommitWriter:
             return self.broken
         if self.failing is not None:
             return f"lease writes failing: {self.failing}"
+        since = self._writing_since
+        if since is not None and (stalled := time.monotonic() - since) >= STALLED_WRITE_SECONDS:
+            return f"lease write stalled for {stalled:.0f} s: the state dir's disk does not answer"
         return None
 
     def _write(self, batch: list[_Op]) -> None:
