@@ -350,7 +350,8 @@ class GroupCommitWriter:
         db = self._db
         try:
             db.execute("BEGIN IMMEDIATE")
-            statements = None if isolate else merged(op.sql for op in batch)
+            # A lone change is written as it is: merging one change only costs its time.
+            statements = None if isolate or len(batch) == 1 else merged(op.sql for op in batch)
             if statements is not None:
                 try:
                     for statement, params in statements:
