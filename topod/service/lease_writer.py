@@ -62,10 +62,10 @@ LAZY_SECONDS = 1.0
 # exponential one, COMMIT_AVERAGE_WEIGHT for the newest) is under this: a disk this slow
 # would hold the loop, and every client, that long.
 LOOP_COMMIT_UNDER_SECONDS = 0.002
+COMMIT_AVERAGE_WEIGHT = 0.2
 # A write running this long is a disk that does not answer: health says so while it lasts
 # (the changes in it wait; nothing is undone, as the write may still land).
 STALLED_WRITE_SECONDS = 5.0
-COMMIT_AVERAGE_WEIGHT = 0.2
 
 
 @dataclass(slots=True)
