@@ -86,6 +86,25 @@ def test_changes_made_in_one_turn_of_the_loop_share_one_commit(tmp_path):
     store.close()
 
 
+# What counts as a fast disk in the tests of the loop's commits: the default (2 ms) is
+# this VM's fsync with room to spare, but a test must not depend on the disk it runs on;
+# the slow disk these tests make is far slower.
+FAST_ENOUGH = 0.05
+
+
+def _fast_disks(monkeypatch) -> None:
+    import topod.service.lease_writer as lease_writer
+
+    monkeypatch.setattr(lease_writer, "LOOP_COMMIT_UNDER_SECONDS", FAST_ENOUGH)
+
+
+async def _writer_idle(store: LeaseStore) -> None:
+    """Until the writer thread waits for work again: a change queued while it is still
+    finishing its last commit is its own to take (no loop commit), as it should be."""
+    while not store.writer._idle:
+        await asyncio.sleep(0.001)
+
+
 def _watch_transactions(store: LeaseStore, delay=lambda: 0.0, spans: list | None = None) -> list[int]:
     """The threads that write each transaction, in order; each first sleeps delay() (a
     slow disk). spans: each transaction's (start, end), in order."""
@@ -106,16 +125,18 @@ def _watch_transactions(store: LeaseStore, delay=lambda: 0.0, spans: list | None
     return writers
 
 
-def test_a_lone_change_is_committed_by_the_loop_when_its_turn_ends(tmp_path):
+def test_a_lone_change_is_committed_by_the_loop_when_its_turn_ends(tmp_path, monkeypatch):
     """One change waiting, the writer idle, commits known to be fast: the loop commits it
     itself once its turn is over (no hand-off to the thread and back), and the change's
     future still resolves only after its commit."""
+    _fast_disks(monkeypatch)
     store = LeaseStore(tmp_path)
     writers = _watch_transactions(store)
 
     async def scenario() -> int:
         await store.add(make_lease("first", (0,)))  # no commit time known yet: the thread
         assert store.writer.loop_commits == 0
+        await _writer_idle(store)
         for g in (1, 2, 3):
             commit = store.add(make_lease(f"l{g}", (g,)))
             assert not commit.done() and store.writer.loop_commits == g - 1, "not before the turn ends"
@@ -132,16 +153,18 @@ def test_a_lone_change_is_committed_by_the_loop_when_its_turn_ends(tmp_path):
     reopened.close()
 
 
-def test_a_slow_disk_holds_the_loop_for_one_commit_then_the_thread_writes_until_fast_again(tmp_path):
+def test_a_slow_disk_holds_the_loop_for_one_commit_then_the_thread_writes_until_fast_again(tmp_path, monkeypatch):
+    _fast_disks(monkeypatch)
     store = LeaseStore(tmp_path)
     slow = {"seconds": 0.0}
     writers = _watch_transactions(store, lambda: slow["seconds"])
 
     async def scenario() -> int:
         await store.add(make_lease("a", (0,)))  # the thread
+        await _writer_idle(store)
         await store.add(make_lease("b", (1,)))  # the loop: commits are fast
         assert store.writer.loop_commits == 1
-        slow["seconds"] = 0.05
+        slow["seconds"] = 0.3  # the average goes over FAST_ENOUGH: 0.06, then 0.11
         await store.add(make_lease("c", (2,)))  # the disk turned slow: this one held the loop
         assert store.writer.loop_commits == 2
         ticks: list[float] = []
@@ -155,7 +178,7 @@ def test_a_slow_disk_holds_the_loop_for_one_commit_then_the_thread_writes_until_
         await asyncio.sleep(0)
         await store.add(make_lease("d", (3,)))  # the thread writes it: the loop goes on
         ticking.cancel()
-        assert store.writer.loop_commits == 2 and len(ticks) >= 5, (store.writer.loop_commits, len(ticks))
+        assert store.writer.loop_commits == 2 and len(ticks) >= 20, (store.writer.loop_commits, len(ticks))
         slow["seconds"] = 0.0
         fast_on_thread = 0
         for n in range(40):  # the average comes down commit by commit, then the loop again
@@ -163,7 +186,8 @@ def test_a_slow_disk_holds_the_loop_for_one_commit_then_the_thread_writes_until_
             before = store.writer.loop_commits
             await store.add(make_lease("abcd"[n % 4], (n % 4,)))
             fast_on_thread += store.writer.loop_commits == before
-        assert 3 <= fast_on_thread < 40, fast_on_thread
+        # 0.11 comes down by a fifth a commit: four fast commits (two grants) on the thread
+        assert 2 <= fast_on_thread < 40, fast_on_thread
         assert store.writer.loop_commits > 10
         return threading.get_ident()
 
@@ -179,8 +203,7 @@ def test_a_fault_that_is_no_sqlite_error_fails_its_change_and_the_writer_goes_on
     loop not stalled), on either commit path."""
     import topod.service.lease_writer as lease_writer
 
-    if path == "thread":
-        monkeypatch.setattr(lease_writer, "LOOP_COMMIT_UNDER_SECONDS", 0.0)
+    monkeypatch.setattr(lease_writer, "LOOP_COMMIT_UNDER_SECONDS", 0.0 if path == "thread" else FAST_ENOUGH)
     store = LeaseStore(tmp_path)
     real = store.writer._transaction
     faults = ["a bug in the middle of a commit"]
@@ -192,6 +215,7 @@ def test_a_fault_that_is_no_sqlite_error_fails_its_change_and_the_writer_goes_on
 
     async def scenario() -> None:
         await store.add(make_lease("a", (0,)))
+        await _writer_idle(store)
         store.writer._transaction = faulty
         loop_commits = store.writer.loop_commits
         with pytest.raises(LeaseStoreError, match="a bug in the middle of a commit"):
@@ -233,11 +257,12 @@ def test_a_write_that_does_not_end_is_reported_while_it_lasts(tmp_path, monkeypa
     store.close()
 
 
-def test_commits_on_the_loop_and_on_the_thread_keep_the_order_of_the_changes(tmp_path):
+def test_commits_on_the_loop_and_on_the_thread_keep_the_order_of_the_changes(tmp_path, monkeypatch):
     """Grants and releases of the same GPUs, queued alone or several to a turn, while the
     disk is now fast, now slow: the loop and the thread take turns at committing, and
     every change lands in the order it was queued (a release written before its grant
     would leave a row the mirror does not have)."""
+    _fast_disks(monkeypatch)
     rng, disk = random.Random(26), random.Random(62)
     store = LeaseStore(tmp_path)
     spans: list[tuple[float, float]] = []
@@ -599,8 +624,9 @@ def test_confirmations_share_one_deadline_timer_and_the_last_one_is_still_writte
     monkeypatch.setattr(lease_writer, "LAZY_SECONDS", 0.3)
     store = LeaseStore(tmp_path)
 
-    async def scenario() -> tuple[int, float]:
+    async def scenario() -> tuple[int, float, float]:
         loop = asyncio.get_running_loop()
+        began = loop.time()
         timers = []
         call_later = loop.call_later
 
@@ -614,14 +640,16 @@ def test_confirmations_share_one_deadline_timer_and_the_last_one_is_still_writte
             await store.add(replace(make_lease(f"l{n}", (n % 4,)), confirmed=False))
             store.confirm(f"l{n}")
             await store.remove(f"l{n}")[1]
-        await asyncio.sleep(0.2)  # the first deadline's timer is still armed
+        await asyncio.sleep(0.2)  # the first deadline's timer may still be armed
         await store.add(replace(make_lease("last", (5,)), confirmed=False))
         started = loop.time()
         await store.confirm("last")  # alone: written at its own deadline, past the timer's
-        return len(timers), loop.time() - started
+        return len(timers), loop.time() - started, loop.time() - began
 
-    timers, waited = asyncio.run(scenario())
-    assert timers <= 3, timers  # one, then armed again for the last deadline (31 were one each)
+    timers, waited, took = asyncio.run(scenario())
+    # One armed at a time, each armed again at most once per LAZY_SECONDS (one per grant:
+    # 61 here); on this VM: 2 to 3.
+    assert timers <= 2 + took / 0.3, (timers, took)
     assert 0.2 < waited < 1.5, waited
     store.flush()
     assert _confirmed_on_disk(store, "last")
@@ -636,6 +664,7 @@ def test_checkpoints_run_between_batches_and_the_wal_stays_bounded(tmp_path, mon
     # loop queues it while the writer settles the last): the forced checkpoint still
     # comes, so the counts and the WAL's bound below hold however the threads interleave.
     monkeypatch.setattr(lease_writer, "CHECKPOINT_FORCE_COMMITS", 8)
+    _fast_disks(monkeypatch)
     store = LeaseStore(tmp_path)
     # SQLite's own checkpoint (inside a COMMIT, so inside an answer's wait) is off
     assert store.writer._db.execute("PRAGMA wal_autocheckpoint").fetchone() == (0,)
