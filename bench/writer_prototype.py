@@ -248,7 +248,7 @@ def prototype_ready(sock: str) -> None:
             client = Client(sock)
             client.release(client.allocate(1)["id"])
             return
-        except (OSError, Exception):  # noqa: BLE001 - not up yet
+        except Exception:  # noqa: BLE001 - not up yet (refused, or an answer half made)
             time.sleep(0.05)
     raise RuntimeError(f"{sock} did not come up")
 

@@ -21,10 +21,6 @@ MAX_NUMBER_DIGITS = 4000
 MAX_HOSTNAME = 253
 
 
-def is_digits(text: str) -> bool:
-    return bool(text) and DIGITS.issuperset(text)
-
-
 def is_hex(text: str, shortest: int = 1, longest: int | None = None, *, lower: bool = False) -> bool:
     """Hex digits only, between shortest and longest of them (lower case only if lower)."""
     return (shortest <= len(text) and (longest is None or len(text) <= longest)
@@ -46,9 +42,14 @@ def is_pci_address(text: str, *, longest_domain: int | None = None, lower: bool 
     device of 2, function 0-7."""
     domain, _, rest = text.partition(":")
     bus, _, slot = rest.partition(":")
+    return is_hex(domain, 4, longest_domain, lower=lower) and _is_bus_slot(bus, slot, lower)
+
+
+def _is_bus_slot(bus: str, slot: str, lower: bool) -> bool:
+    """'18' and '00.0': a bus and a device of 2 hex digits, a function 0-7."""
     device, dot, function = slot.partition(".")
     return (dot == "." and len(function) == 1 and function in "01234567" and len(bus) == 2 and len(device) == 2
-            and is_hex(domain, 4, longest_domain, lower=lower) and is_hex(bus + device, lower=lower))
+            and is_hex(bus + device, lower=lower))
 
 
 def is_host_bridge(name: str) -> bool:
@@ -69,9 +70,7 @@ def split_bus_id(text: str) -> tuple[str | None, str] | None:
     if domain is not None and not is_hex(domain, 1, 8, lower=True):
         return None
     bus, slot = parts[-2], parts[-1]
-    device, dot, function = slot.partition(".")
-    if not (dot == "." and len(function) == 1 and function in "01234567" and len(bus) == 2 and len(device) == 2
-            and is_hex(bus + device, lower=True)):
+    if not _is_bus_slot(bus, slot, lower=True):
         return None
     return domain, f"{bus}:{slot}"
 

@@ -40,8 +40,6 @@ class NvmlReport:
     gpus: tuple[NvmlGpu, ...]
 
 
-
-
 def normalize_bus_id(bus_id: str) -> str:
     """NVML's '00000000:18:00.0' -> sysfs's '0000:18:00.0' (lower case); ValueError otherwise."""
     parts = split_bus_id(bus_id.strip().lower())

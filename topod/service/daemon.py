@@ -310,8 +310,8 @@ class Daemon(DaemonLoops):
         if missing:
             parts.append(f"{missing} lease(s) degraded (GPU gone)")
         store_problem = self.store.problem()
-        if store_problem:  # its first words: "lease writes failing", "lease write stalled for 7 s"
-            parts.append(store_problem.split(":", 1)[0])
+        if store_problem:  # failing writes, a stalled write, a lost database: the store says which
+            parts.append(store_problem)
         if self.config_error:
             parts.append(f"config rejected: {self.config_error}")
         return "; ".join(parts)
