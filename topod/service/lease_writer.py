@@ -313,7 +313,14 @@ class GroupCommitWriter:
                 self._writer_died(loop)
                 return
         if loop is not None:
-            self._next(loop)
+            if self._send_due is not loop:
+                self._send_due = loop
+                loop.call_soon(self._next_due, loop)
+
+    def _next_due(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._send_due is loop:
+            self._send_due = None
+        self._next(loop)
 
     # -- answers ------------------------------------------------------------------------
     def _answered(self, committed: bool, outcomes: list[lease_commit.Outcome]) -> None:

@@ -37,7 +37,7 @@ from typing import Any, NoReturn
 from topod.service import lease_commit
 
 BATCH, CHECKPOINT, CLOSE, READY, FAILED = "batch", "checkpoint", "close", "ready", "failed"
-CHILD_SPIN_SECONDS = 0.001
+CHILD_SPIN_SECONDS = 0.0
 _FRAME = struct.Struct("<I")
 _READ_SIZE = 65536
 
