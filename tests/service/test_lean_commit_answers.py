@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import sqlite3
 import time
 from types import SimpleNamespace
 
@@ -57,32 +56,23 @@ class Site:
         self.idle_sweep = SimpleNamespace(watch=lambda: None)
 
 
-@pytest.fixture(params=["in place", "when ready"], autouse=True)
+@pytest.fixture(params=["loop", "thread"], autouse=True)
 def commit_path(request, service, monkeypatch):
-    """Every race here on both ways a commit's answer comes back: waited for in place by
-    the event loop (a lone change, commits known fast), or read when it comes (the disk
-    slow)."""
+    """Every race here on both commit paths: a lone change committed by the event loop at
+    the end of its turn (commits known fast), or by the writer thread (the disk slow)."""
     writer = service.store.writer
 
-    async def first_commit() -> None:  # read when it comes: no commit time known yet
+    async def first_commit() -> None:  # always the thread's (it starts the thread)
         await writer.queue([], lambda: None)
 
     asyncio.run(first_commit())
+    deadline = time.monotonic() + 5
+    while not writer._idle and time.monotonic() < deadline:  # back to waiting for work
+        time.sleep(0.001)
     writer._commit_seconds = 0.0001
-    # In place on any disk (commits under 50 ms count as fast), or never.
-    monkeypatch.setattr(lease_writer, "LOOP_COMMIT_UNDER_SECONDS", 0.05 if request.param == "in place" else 0.0)
+    # The loop path on any disk (commits under 50 ms count as fast), or none of it.
+    monkeypatch.setattr(lease_writer, "LOOP_COMMIT_UNDER_SECONDS", 0.05 if request.param == "loop" else 0.0)
     return request.param
-
-
-def _ids_on_disk(store) -> list[str]:
-    """The leases the database holds, read once the store is closed (its writer process
-    holds the file alone while it runs)."""
-    store.close()
-    db = sqlite3.connect(store.path)
-    try:
-        return [row[0] for row in db.execute("SELECT id FROM leases")]
-    finally:
-        db.close()
 
 
 def _connection(alloc: LeaseService) -> tuple[LeanConnection, RecordingTransport]:
@@ -126,9 +116,10 @@ def test_a_grant_is_answered_once_on_disk_without_a_task(service, commit_path):
         return lease.id
 
     lease_id = asyncio.run(scenario())
-    assert service.store.writer.waited_in_place == (1 if commit_path == "in place" else 0)
+    assert service.store.writer.loop_commits == (1 if commit_path == "loop" else 0)
+    service.store.flush()
+    assert [row[0] for row in service.store.writer._db.execute("SELECT id FROM leases")] == [lease_id]
     assert service.store.get(lease_id).confirmed, "the written answer confirmed the lease"
-    assert _ids_on_disk(service.store) == [lease_id]
 
 
 def test_a_client_that_hangs_up_before_the_commit_leaves_no_lease(service):
@@ -144,17 +135,19 @@ def test_a_client_that_hangs_up_before_the_commit_leaves_no_lease(service):
     asyncio.run(scenario())
     service.store.flush()
     assert service.store.all() == []
+    assert list(service.store.writer._db.execute("SELECT id FROM leases")) == [], "ended on disk too"
     assert service.leased_gpus() == set()
-    assert _ids_on_disk(service.store) == [], "ended on disk too"
 
 
 def test_a_grant_whose_commit_fails_gets_its_error_and_holds_nothing(service):
     async def scenario():
         connection, transport = _connection(service)
+        service.store.flush()
         # Every GPU taken on disk behind the mirror's back: the grant's insert must fail.
-        await service.store.writer.queue([("INSERT INTO leases VALUES ('ghost', '{}')", ()),
-                                          ("INSERT INTO lease_devices VALUES (?, 'ghost')",
-                                           [(gpu.address,) for gpu in service.topology.gpus])], lambda: None)
+        db = service.store.writer._db
+        db.execute("INSERT INTO leases VALUES ('ghost', '{}')")
+        db.executemany("INSERT INTO lease_devices VALUES (?, 'ghost')",
+                       [(gpu.address,) for gpu in service.topology.gpus])
         connection.data_received(_post(GRANT))
         await _until(lambda: transport.written)
         return _answer(transport.written)
@@ -179,7 +172,8 @@ def test_a_release_is_answered_once_its_end_is_on_disk(service):
 
     lease, (status, document) = asyncio.run(scenario())
     assert status == 200 and document == {"released": lease["id"], "gpus": lease["gpus"]}
-    assert _ids_on_disk(service.store) == []
+    service.store.flush()
+    assert list(service.store.writer._db.execute("SELECT id FROM leases")) == []
 
 
 def test_an_unknown_lease_release_is_refused_at_once(service):

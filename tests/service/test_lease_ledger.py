@@ -33,25 +33,12 @@ MEMBER = Caller(uid=4242, gid=4242, pid=os.getpid(), may_allocate=True, is_admin
 OTHER = Caller(uid=4343, gid=4343, pid=os.getpid(), may_allocate=True, is_admin=False)
 
 
-DISK_FULL = "disk-full"  # in the state dir while _FailingWrites holds: every transaction fails
-
-
 @pytest.fixture()
-def ledger(host_tree, tmp_path, monkeypatch):
+def ledger(host_tree, tmp_path):
     """make() -> (LeaseService, LeaseStore) on the h800 host (8 GPUs); make(restart=True)
     opens the same state dir again, as the next start of topod would."""
-    from topod.service import lease_commit
-
     topology = discover(HostRoot(host_tree("h800-8gpu")), live_nvml=False)
     made: list[LeaseStore] = []
-    real = lease_commit._transaction
-
-    def transaction(db, *args, **kwargs):  # in the writer process, forked with it
-        if (tmp_path / "state" / DISK_FULL).exists():
-            raise sqlite3.OperationalError("database or disk is full")
-        return real(db, *args, **kwargs)
-
-    monkeypatch.setattr(lease_commit, "_transaction", transaction)
 
     def make(settings: dict | None = None, clock=time.time):
         store = LeaseStore(tmp_path / "state")
@@ -68,15 +55,11 @@ def ledger(host_tree, tmp_path, monkeypatch):
             pass
 
 
-def _on_disk(store: LeaseStore, query: str = "SELECT id FROM leases") -> set:
-    """What the database file holds, read once the store is closed (its writer process
-    holds the file alone while it runs)."""
-    store.close()
-    db = sqlite3.connect(store.path)
-    try:
-        return {row[0] for row in db.execute(query)}
-    finally:
-        db.close()
+def _on_disk(store: LeaseStore) -> set[str]:
+    """The lease ids in the database file, read through the store's own connection (it
+    holds the file's lock) once its writer is idle."""
+    store.flush()
+    return {row[0] for row in store.writer._db.execute("SELECT id FROM leases")}
 
 
 # -- row 1: a grant that meets the waiter's timeout ------------------------------------
@@ -198,18 +181,21 @@ def test_an_unanswered_lease_after_a_crash_ends_after_the_grace_unless_renewed(l
 
 # -- row 3: a release that fails while a waiter wants the GPU ---------------------------
 class _FailingWrites:
-    """Makes the store's next transactions fail as a full disk would (the ledger fixture's
-    switch, read by the writer process)."""
+    """Makes the store's next transactions fail as a full disk would."""
 
     def __init__(self, store: LeaseStore) -> None:
-        self.flag = store.path.parent / DISK_FULL
+        self.store = store
+        self.original = store.writer._transaction
 
     def __enter__(self):
-        self.flag.write_text("")
+        def refuse(batch, *, isolate):
+            raise sqlite3.OperationalError("database or disk is full")
+
+        self.store.writer._transaction = refuse
         return self
 
     def __exit__(self, *exc):
-        self.flag.unlink()
+        self.store.writer._transaction = self.original
 
 
 def test_a_failed_release_keeps_memory_and_disk_identical_and_grants_nothing(ledger):
@@ -421,13 +407,13 @@ def test_a_confirmation_sets_one_field_on_disk_and_in_memory(ledger):
         return lease, before
 
     lease, before = asyncio.run(scenario())
-    mirror = store.get(lease.id)
-    assert mirror.confirmed is True and store.json_of(mirror)["confirmed"] is True
-    assert store.answer_text(mirror) is not None
-    (row,) = _on_disk(store, "SELECT body FROM leases")
+    store.flush()
+    (row,) = store.writer._db.execute("SELECT body FROM leases WHERE id = ?", (lease.id,)).fetchone()
     import json
 
     on_disk = json.loads(row)
     assert on_disk["confirmed"] is True and before["confirmed"] is False
     assert {k: v for k, v in on_disk.items() if k != "confirmed"} == {k: v for k, v in before.items()
                                                                        if k != "confirmed"}
+    assert store.get(lease.id).confirmed is True and store.json_of(store.get(lease.id))["confirmed"] is True
+    assert store.answer_text(store.get(lease.id)) is not None

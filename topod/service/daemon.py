@@ -245,7 +245,7 @@ class Daemon(DaemonLoops):
             "scopes": self.scopes.health(),
             "loops": self.supervisor.report(now),
             "commits": {"transactions": self.store.commits, "changes": self.store.changes,
-                        **self.store.writer.report()},
+                        "on_loop": self.store.writer.loop_commits},
         }
 
     async def irq_report(self) -> dict:
@@ -430,9 +430,7 @@ class Daemon(DaemonLoops):
             if self.probe is not None:
                 self.probe.close()
             await self.isolate.restore("stop")
-            # On the loop's own thread: the lease writer is driven from it, and its last
-            # batches are written and answered here before the process ends.
-            self.store.close()
+            await asyncio.to_thread(self.store.close)
             if self.state_lock is not None:
                 self.state_lock.close()
             self.bus.drain()  # the log lines of the last events, before the one that ends it

@@ -35,15 +35,16 @@ class LeaseStore:
         "normal" (WAL: survives a crash of topod or the OS, may lose the last commits on
         power loss; fewer fsyncs)."""
         self.path, db = open_database(state_dir, synchronous)
+        self.writer = GroupCommitWriter(self.path, db)
+        # on_commit is on the path of every answer: the writer's own method, no wrapper.
+        self.on_commit = self.writer.on_commit
         # The database is the truth; the mirror spares a query per read and lets a
         # decision see changes whose commit is still in flight.
         try:
             loaded = load_leases(db, self.path)
-        finally:  # the writer process opens it for writing, alone (EXCLUSIVE locking)
+        except BaseException:
             close_quietly(db)
-        self.writer = GroupCommitWriter(self.path, lambda: open_database(state_dir, synchronous)[1])
-        # on_commit is on the path of every answer: the writer's own method, no wrapper.
-        self.on_commit = self.writer.on_commit
+            raise
         self._cache: dict[str, Lease] = {lease.id: lease for lease in loaded}
         # lease id -> (that version of the lease, its JSON, its answer text or None)
         self._json: dict[str, tuple[Lease, dict[str, Any], str | None]] = {}
@@ -77,7 +78,7 @@ class LeaseStore:
         self.writer.flush(timeout)
 
     def close(self) -> None:
-        """Write what is pending, end the writer process, close the database."""
+        """Write what is pending, stop the writer thread, close the database."""
         self.writer.close()
 
     # -- reading (the mirror) -----------------------------------------------------

@@ -1,4 +1,4 @@
-"""The lease store's writer: group commits, written by the lease writer process.
+"""The lease store's writer: one thread that owns the database and commits in groups.
 
 Every change queued while a commit is running goes into the next transaction, so
 concurrent grants and releases share one fsync (WAL, synchronous=FULL). Each change comes
@@ -6,37 +6,31 @@ with its undo and gets a future that resolves, on its event loop, when the trans
 holding it is on disk; a failed commit undoes its changes (topod.service.lease_store's
 mirror changed at once, before they were queued) and fails their futures.
 
-The database is written by a child process (topod.service.writer_process: why a process,
-not a thread), driven from the event loop: the changes queued in one turn of the loop go
-as one batch when the turn ends, one batch in flight at a time; the loop reads the answer
-when it comes, settles the batch and sends what queued meanwhile. A lone change while
-commits are fast (their recent average under LOOP_COMMIT_UNDER_SECONDS) is waited for in
-place: the loop had nothing else to do, and polling spares the wake-ups.
+A change that waits alone, on a writer that is idle, is committed by the event loop
+itself once its turn is over: the two hand-offs between threads (waking the writer, then
+waking the loop with the result) cost ~60 us each on a VM, a fifth of a grant's answer,
+while the loop had nothing else to do but wait. Only while commits are fast (their recent
+average under LOOP_COMMIT_UNDER_SECONDS): a slow or stalling disk holds the loop for one
+commit at most, and then every change goes to the thread again. Batches of several
+changes (load) and commits with a checkpoint due stay the thread's, so the loop goes on
+serving while they are written. One lock keeps the two from writing at once; changes are
+committed in the order they were queued either way.
 
-A writer process that dies is replaced at once. Every transaction records its batch's
-number (topod.service.lease_commit), so the batch it had in flight is read back from the
-new process: answered when it landed, sent again when it did not (failed, when a second
-process dies on it). Past MAX_DEATHS deaths in DEATH_WINDOW_SECONDS, or when no process
-can be forked at all, the daemon writes in-process, on the event loop, and says so in
-health and the log: slower, never wrong.
-
-SQLite's automatic checkpoints are off (topod.service.lease_db): the writer checkpoints
-between batches, when no change is waiting, at least every CHECKPOINT_EVERY_COMMITS
-commits, and regardless of waiting changes past CHECKPOINT_FORCE_COMMITS, so the WAL stays
-bounded under any load.
+SQLite's automatic checkpoints are off (topod.service.lease_db): the writer thread
+checkpoints between batches, when no change is waiting, at least every
+CHECKPOINT_EVERY_COMMITS commits, and regardless of waiting changes past
+CHECKPOINT_FORCE_COMMITS, so the WAL stays bounded under any load.
 
 After every commit the writer checks that the database is still the file at its path: an
 unlinked or replaced database takes commits into a deleted inode and the next start finds
 nothing, so from then on the store is broken and refuses every change.
-
-The writer is used from one thread at a time: the event loop's, or a caller with no loop
-running (tools, start-up, shutdown).
 """
 
 from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,9 +39,8 @@ from pathlib import Path
 import structlog
 
 from topod.errors import TopodError
-from topod.service import lease_commit
+from topod.service.batch_sql import merged
 from topod.service.lease_db import LeaseConflictError, LeaseStoreError, file_identity
-from topod.service.writer_process import BATCH, CHECKPOINT, WriterGone, WriterOpenFailed, WriterProcess
 
 log = structlog.get_logger("topod")
 
@@ -65,20 +58,14 @@ CHECKPOINT_FORCE_COMMITS = 2000
 # covers (LeaseService.recover: [alloc] unconfirmed_grace_seconds, then it ends unless its
 # holder renews it). It saves an fsync per grant of a lease with neither ttl nor owner.
 LAZY_SECONDS = 1.0
-# The loop waits in place for a lone change's commit only while the recent commits'
-# average (an exponential one, COMMIT_AVERAGE_WEIGHT for the newest) is under this: a
-# disk this slow would hold the loop, and every client, that long.
+# The loop commits a lone change itself only while the recent commits' average (an
+# exponential one, COMMIT_AVERAGE_WEIGHT for the newest) is under this: a disk this slow
+# would hold the loop, and every client, that long.
 LOOP_COMMIT_UNDER_SECONDS = 0.002
 COMMIT_AVERAGE_WEIGHT = 0.2
 # A write running this long is a disk that does not answer: health says so while it lasts
 # (the changes in it wait; nothing is undone, as the write may still land).
 STALLED_WRITE_SECONDS = 5.0
-# More deaths of the writer process than this within the window: write in-process.
-MAX_DEATHS = 3
-DEATH_WINDOW_SECONDS = 60.0
-# How long the last batches may take at close, and the process to end after them.
-CLOSE_SECONDS = 30.0
-STOP_SECONDS = 5.0
 
 
 @dataclass(slots=True)
@@ -88,54 +75,48 @@ class _Op:
     future: asyncio.Future | None
     loop: asyncio.AbstractEventLoop | None
     error: BaseException | None = field(default=None)
+    written: threading.Event | None = None  # set once the op's batch is written (flush)
     on_success: Callable[[], None] | None = None  # on the loop, once the change is on disk
     then: list[Callable[[asyncio.Future], None]] | None = None  # on_commit's callbacks
 
 
 class GroupCommitWriter:
-    """The changes queued for the database and the process that commits them; LeaseStore
-    owns one."""
+    """The changes queued for the database and the thread that commits them (started by
+    the first change queued on an event loop); LeaseStore owns one."""
 
-    def __init__(self, path: Path, open_connection: Callable[[], sqlite3.Connection]) -> None:
-        """open_connection: opens the database at `path` for writing
-        (topod.service.lease_db.open_database), in the writer process, or in this one
-        when no process can be had. LeaseStoreError when it cannot be opened."""
+    def __init__(self, path: Path, db: sqlite3.Connection) -> None:
+        """db: the open database at `path` (topod.service.lease_db.open_database), written
+        by this writer alone; close() closes it."""
         self.path = path
-        self._open_connection = open_connection
+        self._db = db
         # The file this store writes is the one the next start reads only while the path
         # still names it: an unlinked or replaced database takes commits into a deleted
         # inode and the next start finds nothing. Checked after every commit.
         self._identity = file_identity(path)
         self.broken: str | None = None  # set once: the database is not the file at its path
         self.failing: str | None = None  # the last write's error, until a write succeeds
-        self.in_process: str | None = None  # why the daemon writes the database itself, if it does
-        self._process: WriterProcess | None = None
-        self._local: sqlite3.Connection | None = None  # the database, when written in-process
         self._pending: list[_Op] = []
+        # Held by whoever writes the database (the thread, or the loop committing a lone
+        # change); taken while holding _cond, with the batch, so batches commit in order.
+        self._db_lock = threading.Lock()
+        self._commit_seconds: float | None = None  # the recent commits' average; None before the first
+        self._writing_since: float | None = None  # when the write in progress began
+        self._unsettled: dict[asyncio.Future, _Op] = {}  # commit -> its change, until settled (on_commit)
+        self._cond = threading.Condition()
+        self._idle = False  # the writer waits on _cond: a change must wake it
+        self._wake_due: asyncio.AbstractEventLoop | None = None  # the loop _wake is due on
         self._urgent = 0  # pending changes someone waits on (all but confirmations)
         self._lazy_deadline: float | None = None  # when pending confirmations alone get written
         self._lazy_timer: asyncio.AbstractEventLoop | None = None  # the loop a deadline timer runs on
-        self._send_due: asyncio.AbstractEventLoop | None = None  # the loop a send is due on
-        self._in_flight: list[_Op] | None = None  # the batch the process writes ([]: a checkpoint)
-        self._in_flight_number = 0
-        self._in_flight_tries = 0  # processes that took this batch (a second death fails it)
-        self._reader_loop: asyncio.AbstractEventLoop | None = None  # the loop reading the process's answers
-        self._sequence = 0  # the last batch number given
-        self._commit_seconds: float | None = None  # the recent commits' average; None before the first
-        self._writing_since: float | None = None  # when the write in flight began
-        self._unsettled: dict[asyncio.Future, _Op] = {}  # commit -> its change, until settled (on_commit)
-        self._deaths: list[float] = []
         self._closing = False
-        self._closed = False
+        self._thread: threading.Thread | None = None
         self.commits = 0  # transactions written (one fsync each)
         self.changes = 0  # changes they carried
         self.checkpoints = 0
-        self.waited_in_place = 0  # of `commits`, those the loop polled for (a lone change)
-        self.restarts = 0  # writer processes started after the first
+        self.loop_commits = 0  # of `commits`, those the event loop wrote itself
         self._unchecked_commits = 0  # commits in the WAL since the last checkpoint
-        self._start_writer(first=True)
 
-    # -- queueing changes ---------------------------------------------------------------
+    # -- queueing changes (on the event loop) -------------------------------------------
     def queue(self, sql: list[tuple[str, tuple | list]], undo: Callable[[], None],
               on_success: Callable[[], None] | None = None, lazy: bool = False) -> asyncio.Future | None:
         """The future of the commit holding this change; None when there is no event loop
@@ -148,47 +129,51 @@ class GroupCommitWriter:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             loop = None
-        if self._closing:
-            undo()
-            raise LeaseStoreError("the lease store is closed; the change was not made")
-        if self.broken is not None:
-            undo()
-            raise LeaseStoreError(f"{self.broken}; the change was not made")
         if loop is None:
-            return self._write_now(_Op(sql, undo, None, None, on_success=on_success))
-        self._adopt(loop)
+            self.flush()
+            if self.broken is not None:
+                undo()
+                raise LeaseStoreError(f"{self.broken}; the change was not made")
+            op = _Op(sql, undo, None, None, on_success=on_success)
+            with self._db_lock:
+                self._commit([op])
+            if op.error is not None:
+                undo()
+                raise _failure(op.error)
+            if on_success is not None:
+                on_success()
+            return None
         future = loop.create_future()
         op = _Op(sql, undo, future, loop, on_success=on_success)
-        self._pending.append(op)
-        self._unsettled[future] = op
-        if lazy:  # no batch for it: it rides with the next one, or goes at its deadline
-            if self._lazy_deadline is None:
-                self._lazy_deadline = time.monotonic() + LAZY_SECONDS
-                if self._lazy_timer is not loop:  # one timer at a time, not one per grant
-                    self._lazy_timer = loop
-                    loop.call_later(LAZY_SECONDS, self._lazy_due, loop)
-        else:
-            self._urgent += 1
-            if self._in_flight is None and self._send_due is not loop:
-                # Sent once this turn of the loop is over (call_soon runs after every
-                # callback already due), so the changes made by the requests that arrived
-                # together share its commit; while a batch is in flight, what is pending
-                # goes when its answer comes.
-                self._send_due = loop
-                loop.call_soon(self._send_next, loop)
+        with self._cond:
+            if self._closing:
+                undo()
+                raise LeaseStoreError("the lease store is closed; the change was not made")
+            if self.broken is not None:
+                undo()
+                raise LeaseStoreError(f"{self.broken}; the change was not made")
+            self._pending.append(op)
+            self._unsettled[future] = op
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="topod-lease-writer", daemon=True)
+                self._thread.start()
+            if lazy:  # no wake-up: it rides with the next commit, or goes at its deadline
+                if self._lazy_deadline is None:
+                    self._lazy_deadline = time.monotonic() + LAZY_SECONDS
+                    if self._lazy_timer is not loop:  # one timer at a time, not one per grant
+                        self._lazy_timer = loop
+                        loop.call_later(LAZY_SECONDS, self._lazy_due, loop)
+            else:
+                self._urgent += 1
+                if self._idle and self._wake_due is not loop:
+                    # An idle writer is woken once this turn of the loop is over (call_soon
+                    # runs after every callback already due), so the changes made by the
+                    # requests that arrived together share its commit; a busy writer takes
+                    # what is pending when its commit ends. (Per loop: a loop closed before
+                    # its turn ended must not keep the next one from waking the writer.)
+                    self._wake_due = loop
+                    loop.call_soon(self._wake, loop)
         return future
-
-    def _write_now(self, op: _Op) -> None:
-        """With no event loop: everything queued before, then this change, on disk."""
-        self._drain(CLOSE_SECONDS)
-        self._send([op], None)
-        self._drain(CLOSE_SECONDS)
-        if op.error is not None:
-            op.undo()
-            raise _failure(op.error)
-        if op.on_success is not None:
-            op.on_success()
-        return None
 
     def on_commit(self, commit: asyncio.Future, callback: Callable[[asyncio.Future], None]) -> None:
         """callback(commit) once the change is settled (on disk, or failed and undone), run
@@ -206,188 +191,6 @@ class GroupCommitWriter:
             op.then = []
         op.then.append(callback)
 
-    def _lazy_due(self, loop: asyncio.AbstractEventLoop) -> None:
-        """A confirmation's deadline (on its loop): send it, if no commit has taken it
-        along meanwhile; wait on for a later one's."""
-        deadline = self._lazy_deadline
-        if deadline is not None and deadline > time.monotonic():
-            loop.call_later(deadline - time.monotonic(), self._lazy_due, loop)
-            return
-        self._lazy_timer = None
-        if self._pending and self._in_flight is None and not self._closing:
-            self._send(self._take_pending(), loop)
-
-    # -- sending batches (on the event loop) ----------------------------------------------
-    def _send_next(self, loop: asyncio.AbstractEventLoop) -> None:
-        """The end of a loop turn that queued changes: they go as one batch."""
-        if self._send_due is loop:
-            self._send_due = None
-        if self._in_flight is None and self._urgent:
-            lone = self._urgent == 1
-            self._send(self._take_pending(), loop, lone)
-
-    def _take_pending(self) -> list[_Op]:
-        batch, self._pending = self._pending, []
-        self._urgent, self._lazy_deadline = 0, None
-        return batch
-
-    def _send(self, batch: list[_Op], loop: asyncio.AbstractEventLoop | None, lone: bool = False) -> None:
-        """Hand the batch to the writer (written at once in-process). On a loop, its answer
-        is read when it comes (waited for in place for a lone change while commits are
-        fast); with none, the caller drains."""
-        self._sequence += 1
-        self._in_flight, self._in_flight_number, self._in_flight_tries = batch, self._sequence, 0
-        self._writing_since = time.monotonic()
-        if self._process is None and self._local is None:  # broken, and no writer left to try
-            self._answered(False, [(lease_commit.ERROR, self.broken or "no lease writer")] * len(batch))
-            return
-        if self._local is not None:
-            committed, outcomes = lease_commit.write_batch(self._local, self._sequence, [op.sql for op in batch])
-            self._answered(committed, outcomes)
-            return
-        self._transmit(loop)
-        if loop is None or self._in_flight is None:
-            return
-        average = self._commit_seconds
-        if lone and average is not None and average < LOOP_COMMIT_UNDER_SECONDS:
-            try:
-                replies = self._process.spin(LOOP_COMMIT_UNDER_SECONDS)
-            except WriterGone:
-                self._writer_died(loop)
-                return
-            if replies:
-                self.waited_in_place += 1
-                self._take_replies(replies, loop)
-
-    def _transmit(self, loop: asyncio.AbstractEventLoop | None) -> None:
-        """Send the batch in flight to the writer process (again, after a death)."""
-        batch = self._in_flight
-        self._in_flight_tries += 1
-        message = (CHECKPOINT, "PASSIVE") if not batch else (BATCH, self._in_flight_number, [op.sql for op in batch])
-        try:
-            self._process.send(message)
-        except WriterGone:
-            self._writer_died(loop)
-            return
-        if loop is not None:
-            self._listen(loop)
-
-    def _listen(self, loop: asyncio.AbstractEventLoop) -> None:
-        if self._reader_loop is loop:
-            return
-        self._forget_reader()
-        loop.add_reader(self._process.fileno(), self._readable, loop)
-        self._reader_loop = loop
-
-    def _forget_reader(self) -> None:
-        reader, self._reader_loop = self._reader_loop, None
-        if reader is not None and not reader.is_closed() and self._process is not None and self._process.fileno() >= 0:
-            reader.remove_reader(self._process.fileno())
-
-    def _adopt(self, loop: asyncio.AbstractEventLoop) -> None:
-        """A batch whose loop closed before its answer came: taken here, so the next
-        loop's changes do not wait behind it."""
-        reader = self._reader_loop
-        if reader is not None and reader is not loop and reader.is_closed():
-            self._reader_loop = None
-            self._drain(CLOSE_SECONDS)
-
-    def _readable(self, loop: asyncio.AbstractEventLoop) -> None:
-        try:
-            replies = self._process.poll()
-        except WriterGone:
-            self._writer_died(loop)
-            return
-        self._take_replies(replies, loop)
-
-    def _take_replies(self, replies: list[tuple], loop: asyncio.AbstractEventLoop | None) -> None:
-        for reply in replies:
-            if reply[0] == BATCH and self._in_flight and reply[1] == self._in_flight_number:
-                self._answered(reply[2], reply[3])
-            elif reply[0] == CHECKPOINT and self._in_flight == []:
-                self._checkpointed(reply[1])
-            else:  # an answer to nothing in flight: the process cannot be trusted any more
-                log.error("lease_writer_confused", reply=repr(reply)[:200])
-                self._forget_reader()
-                self._process.kill()
-                self._writer_died(loop)
-                return
-        if loop is not None:
-            if self._send_due is not loop:
-                self._send_due = loop
-                loop.call_soon(self._next_due, loop)
-
-    def _next_due(self, loop: asyncio.AbstractEventLoop) -> None:
-        if self._send_due is loop:
-            self._send_due = None
-        self._next(loop)
-
-    # -- answers ------------------------------------------------------------------------
-    def _answered(self, committed: bool, outcomes: list[lease_commit.Outcome]) -> None:
-        """The batch in flight is written (or failed): its changes settled."""
-        batch, self._in_flight = self._in_flight, None
-        elapsed = time.monotonic() - self._writing_since
-        self._writing_since = None
-        average = self._commit_seconds
-        self._commit_seconds = elapsed if average is None else average + COMMIT_AVERAGE_WEIGHT * (elapsed - average)
-        for op, outcome in zip(batch, outcomes):
-            if outcome is not None:
-                op.error = (sqlite3.IntegrityError if outcome[0] == lease_commit.CONFLICT else LeaseStoreError)(outcome[1])
-        if committed:
-            self.commits += 1
-            self.changes += len(batch)
-            self._unchecked_commits += 1
-        self._check_own_file(batch)
-        self._deliver(batch)
-
-    def _checkpointed(self, error: str | None) -> None:
-        self._in_flight = None
-        self._writing_since = None
-        self._unchecked_commits = 0  # a failed one is tried again after the next CHECKPOINT_EVERY_COMMITS
-        if error is None:
-            self.checkpoints += 1
-        else:
-            log.warning("lease_checkpoint_failed", error=error)
-
-    def _next(self, loop: asyncio.AbstractEventLoop | None) -> None:
-        """Between batches: a checkpoint when it is due and nothing waits (or regardless,
-        long overdue), else what queued meanwhile."""
-        if self._in_flight is not None:
-            return
-        due = self._unchecked_commits
-        if due >= CHECKPOINT_EVERY_COMMITS and (not self._urgent or due >= CHECKPOINT_FORCE_COMMITS):
-            self._checkpoint(loop)
-        elif self._pending and (self._urgent or self._closing or loop is None
-                                or (self._lazy_deadline or float("inf")) <= time.monotonic()):
-            self._send(self._take_pending(), loop)
-
-    def _checkpoint(self, loop: asyncio.AbstractEventLoop | None) -> None:
-        self._in_flight, self._writing_since = [], time.monotonic()
-        if self._local is not None:
-            self._checkpointed(lease_commit.checkpoint(self._local, "PASSIVE"))
-            return
-        self._transmit(loop)
-
-    def _deliver(self, batch: list[_Op]) -> None:
-        """Each change settled on its own loop (now, when it is the running one); changes
-        of no loop are the caller's (_write_now)."""
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        by_loop: dict[asyncio.AbstractEventLoop, list[_Op]] = {}
-        for op in batch:
-            if op.loop is not None:
-                by_loop.setdefault(op.loop, []).append(op)
-        for loop, ops in by_loop.items():
-            if loop is running:
-                self._settle_all(ops)
-                continue
-            try:  # one wake-up of that loop per batch, not one per change
-                loop.call_soon_threadsafe(self._settle_all, ops)
-            except RuntimeError:  # the loop is gone (shutdown): nothing waits any more
-                pass
-
     def _settle_all(self, ops: list[_Op]) -> None:
         """On the event loop: each change's future resolved (a failed one undone first),
         then its on_commit callbacks; the mirror follows the disk even when no one waits
@@ -396,6 +199,101 @@ class GroupCommitWriter:
             if op.future is not None:
                 self._unsettled.pop(op.future, None)
             _settle(op)
+
+    def _wake(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The end of a loop turn that queued changes: a lone change is committed here
+        (see the module's note), anything else wakes the idle writer."""
+        with self._cond:
+            self._wake_due = None
+            batch = self._lone_change(loop)
+            if batch is None:
+                if self._idle and (self._urgent or self._closing):
+                    self._idle = False
+                    self._cond.notify()
+                return
+            self._db_lock.acquire()  # under _cond, with the batch: the order of commits
+        try:
+            self._commit(batch)
+            self.loop_commits += 1
+        finally:
+            self._db_lock.release()
+        self._settle_all(batch)
+
+    def _lone_change(self, loop: asyncio.AbstractEventLoop) -> list[_Op] | None:
+        """Under _cond: the pending changes, taken, when the loop is to commit them itself:
+        one change waits (confirmations may ride along), all of this loop, the writer
+        idle, commits fast, no checkpoint due (the thread does it, after the commit)."""
+        average = self._commit_seconds
+        if (self._urgent != 1 or not self._idle or self._closing or average is None
+                or average >= LOOP_COMMIT_UNDER_SECONDS
+                or self._unchecked_commits + 1 >= CHECKPOINT_EVERY_COMMITS
+                or any(op.loop is not loop for op in self._pending)):
+            return None
+        batch, self._pending = self._pending, []
+        self._urgent, self._lazy_deadline = 0, None
+        return batch
+
+    def _lazy_due(self, loop: asyncio.AbstractEventLoop) -> None:
+        """A confirmation's deadline (on its loop): wake the idle writer to write it, if
+        no commit has taken it along meanwhile; wait on for a later one's."""
+        with self._cond:
+            deadline = self._lazy_deadline
+            if deadline is not None and deadline > time.monotonic():
+                loop.call_later(deadline - time.monotonic(), self._lazy_due, loop)
+                return
+            self._lazy_timer = None
+            if self._idle and self._pending and not self._urgent:
+                self._idle = False
+                self._cond.notify()
+
+    # -- the writer thread ------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._urgent and not self._closing:
+                    wait = None  # nothing pending: until a change comes
+                    if self._pending:  # confirmations only: until their deadline
+                        wait = self._lazy_deadline - time.monotonic()
+                        if wait <= 0:
+                            break
+                    self._idle = True
+                    self._cond.wait(wait)
+                self._idle = False
+                batch, self._pending = self._pending, []
+                self._urgent, self._lazy_deadline = 0, None
+                if not batch and self._closing:
+                    return
+                self._db_lock.acquire()
+            try:
+                self._commit(batch)
+            finally:
+                self._db_lock.release()
+            by_loop: dict[asyncio.AbstractEventLoop, list[_Op]] = {}
+            for op in batch:
+                if op.written is not None:
+                    op.written.set()
+                if op.loop is not None:
+                    by_loop.setdefault(op.loop, []).append(op)
+            for loop, ops in by_loop.items():
+                try:  # one wake-up of the loop per commit, not one per change
+                    loop.call_soon_threadsafe(self._settle_all, ops)
+                except RuntimeError:  # the loop is gone (shutdown): nothing waits any more
+                    pass
+            self._checkpoint_if_due()
+
+    def _commit(self, batch: list[_Op]) -> None:
+        """Write the batch and check the file, holding _db_lock."""
+        self._writing_since = started = time.monotonic()
+        try:
+            self._write(batch)
+        finally:
+            self._writing_since = None
+        elapsed = time.monotonic() - started
+        average = self._commit_seconds
+        self._commit_seconds = elapsed if average is None else average + COMMIT_AVERAGE_WEIGHT * (elapsed - average)
+        self._check_own_file(batch)
+        if any(op.sql for op in batch):
+            self._unchecked_commits += 1
 
     def _check_own_file(self, batch: list[_Op]) -> None:
         """After a write: is the database still the file at its path? If not, the batch
@@ -408,7 +306,9 @@ class GroupCommitWriter:
             found = file_identity(self.path)
             if found != self._identity:
                 what = "was deleted" if found is None else "was replaced by another file"
-                self._lost(f"lease database {self.path} {what} while topod ran", what)
+                self.broken = (f"lease database {self.path} {what} while topod ran; lease changes are refused "
+                               "until topod is restarted (it then reads what is at that path)")
+                log.error("lease_database_lost", path=str(self.path), reason=what)
         if self.broken is not None:
             for op in changes:
                 op.error = op.error or LeaseStoreError(self.broken)
@@ -418,138 +318,8 @@ class GroupCommitWriter:
         elif self.broken is None:
             self.failing = None
 
-    def _lost(self, what: str, reason: str) -> None:
-        self.broken = f"{what}; lease changes are refused until topod is restarted (it then reads what is at that path)"
-        log.error("lease_database_lost", path=str(self.path), reason=reason)
-
-    # -- the writer process's life ------------------------------------------------------
-    def _start_writer(self, first: bool) -> None:
-        """A writer process, the batch numbering taken from what the database holds; the
-        daemon itself when none can be had (see the module's note)."""
-        if len(self._deaths) > MAX_DEATHS:
-            self._write_in_process(f"the lease writer process died {len(self._deaths)} times within "
-                                   f"{DEATH_WINDOW_SECONDS:.0f} s")
-            return
-        try:
-            self._process, (last, outcomes) = WriterProcess.start(self._open_connection)
-        except WriterOpenFailed as exc:
-            if first:
-                raise LeaseStoreError(str(exc)) from None
-            self._write_in_process(f"a new lease writer process could not open the database: {exc}")
-            return
-        except (OSError, WriterGone) as exc:
-            self._write_in_process(f"no lease writer process: {exc}")
-            return
-        if not first:
-            self.restarts += 1
-        self._sequence = max(self._sequence, last)
-        self._last_found = (last, outcomes)
-
-    def _write_in_process(self, why: str) -> None:
-        self._process = None
-        self.in_process = why
-        log.error("lease_writes_in_process", reason=why, effect="lease writes run on the daemon's event loop")
-        try:
-            self._local = self._open_connection()
-        except LeaseStoreError as exc:
-            self._local = None
-            self._lost(f"lease database {self.path} cannot be opened again ({exc})", "reopen failed")
-            raise
-        self._last_found = lease_commit.last_batch(self._local)
-        self._sequence = max(self._sequence, self._last_found[0])
-
-    def _writer_died(self, loop: asyncio.AbstractEventLoop | None) -> None:
-        """The process ended: a new one takes over; the batch it had in flight is answered
-        from what the database holds, or sent again (see the module's note)."""
-        process = self._process
-        self._forget_reader()
-        how = process.reap(timeout=1.0) or "still running"
-        process.kill()
-        now = time.monotonic()
-        self._deaths = [at for at in self._deaths if now - at < DEATH_WINDOW_SECONDS] + [now]
-        log.error("lease_writer_died", pid=process.pid, exit=how, batch_in_flight=bool(self._in_flight))
-        batch = self._in_flight
-        if self.broken is None and file_identity(self.path) != self._identity:
-            # A new writer would make a new, empty file at the path: the leases are elsewhere.
-            self._lost(f"lease database {self.path} was deleted or replaced while topod ran", "gone at a restart")
-        else:
-            try:
-                self._start_writer(first=False)
-            except LeaseStoreError:
-                pass
-        if self._process is None and self._local is None:
-            self._in_flight = None
-            for op in batch or ():
-                op.error = op.error or LeaseStoreError(self.broken or "no lease writer")
-            self._writing_since = None
-            self._deliver(batch or [])
-            return
-        if batch == []:  # a checkpoint: tried again later
-            self._checkpointed("the lease writer process died during it")
-        elif batch is not None:
-            self._resume(batch, loop)
-        if loop is not None:
-            self._next(loop)
-
-    def _resume(self, batch: list[_Op], loop: asyncio.AbstractEventLoop | None) -> None:
-        last, outcomes = self._last_found
-        if last >= self._in_flight_number:  # it landed: the new process read it back
-            self._answered(True, outcomes or [None] * len(batch))
-        elif self._in_flight_tries >= 2:
-            self._answered(False, [(lease_commit.ERROR, "the lease writer process died twice writing it")] * len(batch))
-        elif self._local is not None:
-            committed, found = lease_commit.write_batch(self._local, self._in_flight_number, [op.sql for op in batch])
-            self._answered(committed, found)
-        else:
-            self._transmit(loop)
-
-    def _drain(self, timeout: float) -> None:
-        """Without the loop (no loop runs, or shutdown): wait for the batch in flight, then
-        write everything pending, until nothing is left or `timeout` passes."""
-        deadline = time.monotonic() + timeout
-        while True:
-            if self._in_flight is None:
-                if not self._pending:
-                    return
-                self._send(self._take_pending(), None)
-                continue
-            if self._process is None:
-                return
-            try:
-                reply = self._process.wait(max(0.0, deadline - time.monotonic()))
-            except WriterGone:
-                self._writer_died(None)
-                continue
-            if reply is None:
-                return
-            self._take_replies([reply], None)
-
-    def flush(self, timeout: float = 30.0) -> None:
-        """Wait until every change queued so far is on disk (or failed)."""
-        self._drain(timeout)
-
-    def close(self) -> None:
-        """Write what is pending, end the writer process, close the database."""
-        if self._closed:
-            return
-        self._closing = True
-        self._drain(CLOSE_SECONDS)
-        self._closed = True
-        self._forget_reader()
-        if self._process is not None:
-            if not self._process.stop(STOP_SECONDS):
-                log.error("lease_database_left_open", path=str(self.path), pid=self._process.pid,
-                          reason="the lease writer process did not end: a write did not end")
-            self._process = None
-        if self._local is not None:
-            if self._in_flight is None:
-                lease_commit.checkpoint(self._local, "TRUNCATE")  # leave a short WAL behind
-            self._local.close()
-            self._local = None
-
-    # -- what health says ----------------------------------------------------------------
     def problem(self) -> str | None:
-        """Why lease writes fail or lag now (health and STATUS= say it), or None."""
+        """Why lease writes fail now (health and STATUS= say it), or None."""
         if self.broken is not None:
             return self.broken
         if self.failing is not None:
@@ -557,15 +327,118 @@ class GroupCommitWriter:
         since = self._writing_since
         if since is not None and (stalled := time.monotonic() - since) >= STALLED_WRITE_SECONDS:
             return f"lease write stalled for {stalled:.0f} s: the state dir's disk does not answer"
-        if self.in_process is not None and self._deaths:
-            return f"lease writes run in the daemon itself: {self.in_process}"
         return None
 
-    def report(self) -> dict:
-        """The writer in health: where it writes, and how its commits went."""
-        return {"process": self._process.pid if self._process is not None else None,
-                "in_process": self.in_process, "restarts": self.restarts,
-                "waited_in_place": self.waited_in_place, "checkpoints": self.checkpoints}
+    def _write(self, batch: list[_Op]) -> None:
+        """One transaction for the whole batch. A change that violates a constraint fails
+        alone: the batch is first written straight (the common case: its changes merged
+        into a few multi-row statements, topod.service.batch_sql, each a GIL round trip of
+        this thread), and only when a statement fails is it written again change by
+        change, with a savepoint each. A failed COMMIT fails them all, and so does a fault
+        that is no SQLite error (a bug, memory): the changes are undone and their clients
+        told, and the writer, on the loop or its thread, goes on with the next batch."""
+        try:
+            try:
+                self._transaction(batch, isolate=False)
+            except _StatementFailed:
+                self._transaction(batch, isolate=True)
+        except Exception as exc:  # noqa: BLE001 - see above: no change may wait for ever
+            for op in batch:
+                op.error = op.error or exc
+
+    def _transaction(self, batch: list[_Op], *, isolate: bool) -> None:
+        db = self._db
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            # A lone change is written as it is: merging one change only costs its time.
+            statements = None if isolate or len(batch) == 1 else merged(op.sql for op in batch)
+            if statements is not None:
+                try:
+                    for statement, params in statements:
+                        db.execute(statement, params)
+                except sqlite3.Error as exc:
+                    raise _StatementFailed from exc
+            for op in batch if statements is None else ():
+                if isolate:
+                    db.execute("SAVEPOINT change")
+                try:
+                    for statement, params in op.sql:
+                        if isinstance(params, list):
+                            db.executemany(statement, params)
+                        else:
+                            db.execute(statement, params)
+                except sqlite3.Error as exc:
+                    if not isolate:
+                        raise _StatementFailed from exc
+                    db.execute("ROLLBACK TO change")
+                    op.error = exc
+                if isolate:
+                    db.execute("RELEASE change")
+            db.execute("COMMIT")
+            self.commits += 1
+            self.changes += len(batch)
+        except Exception:
+            try:
+                db.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            raise
+
+    # -- checkpoints, between batches ---------------------------------------------------
+    def _checkpoint_if_due(self) -> None:
+        """Copy the WAL into the database when it is due and nothing waits (the answers
+        of this batch are already on their way), or regardless when it is long overdue."""
+        due = self._unchecked_commits
+        if due < CHECKPOINT_EVERY_COMMITS:
+            return
+        with self._cond:
+            if self._urgent and due < CHECKPOINT_FORCE_COMMITS:
+                return
+            self._db_lock.acquire()  # under _cond, as every taker of both: no deadlock
+        try:
+            self._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            self.checkpoints += 1
+            self._unchecked_commits = 0
+        except sqlite3.Error as exc:  # tried again after the next CHECKPOINT_EVERY_COMMITS commits
+            self._unchecked_commits = 0
+            log.warning("lease_checkpoint_failed", error=str(exc))
+        finally:
+            self._db_lock.release()
+
+    def flush(self, timeout: float = 30.0) -> None:
+        """Wait until every change queued so far is on disk (or failed)."""
+        with self._cond:
+            if self._thread is None or not self._thread.is_alive():
+                return
+            marker = _Op([], lambda: None, None, None, written=threading.Event())
+            self._pending.append(marker)
+            self._urgent += 1
+            self._cond.notify()
+        marker.written.wait(timeout)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        # A writer thread still stuck in a write (a hung disk) keeps the connection: it is
+        # not closed under it.
+        if not self._db_lock.acquire(timeout=5):
+            log.error("lease_database_left_open", path=str(self.path), reason="a write did not end")
+            return
+        try:
+            try:  # leave a short WAL behind: the next start reads less
+                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            except sqlite3.Error:
+                pass
+            self._db.close()
+        finally:
+            self._db_lock.release()
+
+
+class _StatementFailed(Exception):
+    """A statement of a batch written without savepoints failed: write it again with them."""
 
 
 def _settle(op: _Op) -> None:
