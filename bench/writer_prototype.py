@@ -4,18 +4,27 @@ wall, or the writer thread that shares the event loop's GIL?
 A minimal lease server (not topod: no validation, decision, log or events) answers the
 same two requests as `bench/api.py`'s anchor with the same lease JSON, but only once each
 change is committed to SQLite (WAL, synchronous=FULL, one group commit at a time, a batch
-as a few multi-row statements, as topod writes it). Three writers:
+as a few multi-row statements, as topod writes it). The writers:
 
 - `thread`: a thread woken when the loop's turn ends (topod's writer thread);
+- `thread-process`: that thread hands each batch to a forked child and waits for its
+  acknowledgement (the GIL is taken twice a batch instead of once a statement);
 - `process`: a forked child fed batches through a pipe, also when the turn ends, its
   acknowledgements read by the loop (no GIL shared with the loop);
-- `process-eager`: the same child, sent each change at once when it is idle.
+- `process-eager`: the same child, sent each change at once when it is idle;
+- `process-spin`: `process`, with both ends polling a moment before they sleep (the
+  child for 2 ms after each batch, the loop for a lone change's acknowledgement);
+- `loop` (single client only): the loop commits each batch itself when its turn ends
+  (topod's commit of a lone change).
 
 Alternated with the bare aiohttp anchor in the same run, `bench/api.py`'s issue setup
 (8 clients, the seed h800 host's lease document): round trips per second and the
 ratio to bare, then the PSS of the process writer's server and child.
+`--single`: one client's allocate and release p50 on each writer, three rounds.
 
-`python bench/writer_prototype.py [rounds]` (default 3)."""
+`python bench/writer_prototype.py [rounds]` (default 3); `python bench/writer_prototype.py --single`.
+What this prototype could not show, topod itself did: the writer process built into topod
+(branch `writer-process`) ran slower there than its writer thread (README, issue 26)."""
 
 from __future__ import annotations
 
@@ -39,7 +48,8 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(BENCH.parent))
 
-MODES = ("thread", "process", "process-eager")
+MODES = ("thread", "thread-process", "process", "process-eager", "process-spin")
+SINGLE_MODES = ("loop", "thread", "process", "process-spin")
 
 
 # -- the prototype server (run as `writer_prototype.py --serve SOCK MODE LEASE DB`) -------
@@ -63,8 +73,36 @@ def commit(db: sqlite3.Connection, batch: list[tuple[str, object]]) -> None:
     db.execute("COMMIT")
 
 
+def read_exactly(fd: int, size: int, spin: bool) -> bytes:
+    data = b""
+    deadline = time.monotonic() + 0.002
+    while len(data) < size:
+        if spin and time.monotonic() < deadline:
+            try:
+                chunk = os.read(fd, size - len(data))
+            except BlockingIOError:
+                continue
+        else:
+            os.set_blocking(fd, True)
+            chunk = os.read(fd, size - len(data))
+            os.set_blocking(fd, False)
+        if not chunk:
+            return data
+        data += chunk
+    return data
+
+
 def child_writer(batches: int, acks: int, path: str) -> None:
     db = open_database(path)
+    spin = os.environ.get("PROTO_SPIN") == "1"
+    if spin:
+        os.set_blocking(batches, False)
+        while head := read_exactly(batches, 4, True):
+            (size,) = struct.unpack("I", head)
+            sequence, batch = pickle.loads(read_exactly(batches, size, True))
+            commit(db, batch)
+            os.write(acks, struct.pack("I", sequence))
+        return
     source = os.fdopen(batches, "rb", buffering=0)
     while head := source.read(4):
         (size,) = struct.unpack("I", head)
@@ -83,12 +121,22 @@ class Writer:
         self.busy = self.due = False
         self.sequence = 0
         self.in_flight: dict[int, list[asyncio.Future]] = {}
-        if mode == "thread":
+        if mode == "loop":
             self.db = open_database(path)
+            return
+        if mode in ("thread", "thread-process"):
             self.cond = threading.Condition()
             self.idle = False
+            if mode == "thread":
+                self.db = open_database(path)
+            else:
+                self.remote = self.fork_child(path, blocking=True)
             threading.Thread(target=self.run_thread, daemon=True).start()
             return
+        self.batches, self.acks = self.fork_child(path, blocking=False)
+        loop.add_reader(self.acks, self.acknowledged)
+
+    def fork_child(self, path: str, blocking: bool) -> tuple[int, int]:
         to_child, from_parent = os.pipe()
         to_parent, from_child = os.pipe()
         if os.fork() == 0:
@@ -98,13 +146,18 @@ class Writer:
             os._exit(0)
         os.close(to_child)
         os.close(from_child)
-        self.batches, self.acks = from_parent, to_parent
-        os.set_blocking(self.acks, False)
-        loop.add_reader(self.acks, self.acknowledged)
+        os.set_blocking(to_parent, blocking)
+        return from_parent, to_parent
 
     def queue(self, change: tuple[str, object]) -> asyncio.Future:
         future = self.loop.create_future()
-        if self.mode == "thread":
+        if self.mode == "loop":
+            self.pending.append((change, future))
+            if not self.due:
+                self.due = True
+                self.loop.call_soon(self.commit_here)
+            return future
+        if self.mode in ("thread", "thread-process"):
             with self.cond:
                 self.pending.append((change, future))
                 if self.idle and not self.due:
@@ -115,10 +168,16 @@ class Writer:
         if not self.busy:
             if self.mode == "process-eager":
                 self.send()
-            elif not self.due:
+            elif not self.due:  # process, process-spin
                 self.due = True
                 self.loop.call_soon(self.send)
         return future
+
+    def commit_here(self) -> None:
+        self.due = False
+        batch, self.pending = self.pending, []
+        commit(self.db, [change for change, _ in batch])
+        settle([future for _, future in batch])
 
     def wake_thread(self) -> None:
         with self.cond:
@@ -135,7 +194,13 @@ class Writer:
                     self.cond.wait()
                 self.idle = False
                 batch, self.pending = self.pending, []
-            commit(self.db, [change for change, _ in batch])
+            changes = [change for change, _ in batch]
+            if self.mode == "thread":
+                commit(self.db, changes)
+            else:
+                data = pickle.dumps((0, changes))
+                os.write(self.remote[0], struct.pack("I", len(data)) + data)
+                os.read(self.remote[1], 4)
             self.loop.call_soon_threadsafe(settle, [future for _, future in batch])
 
     def send(self) -> None:
@@ -148,6 +213,16 @@ class Writer:
         data = pickle.dumps((self.sequence, [change for change, _ in batch]))
         os.write(self.batches, struct.pack("I", len(data)) + data)
         self.busy = True
+        if self.mode == "process-spin" and len(batch) == 1:
+            deadline = time.monotonic() + 0.002
+            while time.monotonic() < deadline:
+                try:
+                    data = os.read(self.acks, 4)
+                except BlockingIOError:
+                    continue
+                settle(self.in_flight.pop(struct.unpack("I", data)[0]))
+                self.busy = False
+                return
 
     def acknowledged(self) -> None:
         data = os.read(self.acks, 4096)
@@ -222,7 +297,8 @@ def measure(command: list[str], sock: str, ready) -> tuple[float, list[float]]: 
     import api
 
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               env=dict(os.environ, PYTHONPATH=str(BENCH.parent)))
+                               env=dict(os.environ, PYTHONPATH=str(BENCH.parent),
+                                        PROTO_SPIN="1" if "process-spin" in command else "0"))
     children: list[int] = []
     try:
         ready(sock)
@@ -253,9 +329,40 @@ def prototype_ready(sock: str) -> None:
     raise RuntimeError(f"{sock} did not come up")
 
 
+def single_rounds() -> int:
+    import api
+
+    api.SETUP = api.SETUPS["issue"]
+    found: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        root = api.build_setup_host(work)
+        lease = str(work / "lease-proto.json")
+        api.bare_command(root, work, "proto")
+        for i in range(3):
+            for mode in SINGLE_MODES:
+                sock = str(work / f"{mode}-{i}.sock")
+                command = [sys.executable, __file__, "--serve", sock, mode, lease, str(work / f"{mode}-{i}.db")]
+                process = subprocess.Popen(command, env=dict(os.environ, PYTHONPATH=str(BENCH.parent),
+                                                             PROTO_SPIN="1" if mode == "process-spin" else "0"))
+                try:
+                    prototype_ready(sock)
+                    _, allocates, releases = api.single(sock)
+                finally:
+                    os.kill(process.pid, signal.SIGKILL)
+                    process.wait()
+                found.setdefault(mode, []).append(statistics.median(allocates) * 1000)
+                found.setdefault(mode + " release", []).append(statistics.median(releases) * 1000)
+    for mode, values in found.items():
+        print(mode, " / ".join(f"{v:.3f}" for v in values), "ms p50")
+    return 0
+
+
 def main() -> int:
     import api
 
+    if sys.argv[1:2] == ["--single"]:
+        return single_rounds()
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
     api.SETUP = api.SETUPS["issue"]
     ratios: dict[str, list[float]] = {mode: [] for mode in MODES}
