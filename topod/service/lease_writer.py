@@ -39,7 +39,7 @@ from pathlib import Path
 import structlog
 
 from topod.errors import TopodError
-from topod.service.batch_sql import merged
+from topod.service.lease_commit import StatementFailed, transaction
 from topod.service.lease_db import LeaseConflictError, LeaseStoreError, file_identity
 
 log = structlog.get_logger("topod")
@@ -330,59 +330,25 @@ class GroupCommitWriter:
         return None
 
     def _write(self, batch: list[_Op]) -> None:
-        """One transaction for the whole batch. A change that violates a constraint fails
-        alone: the batch is first written straight (the common case: its changes merged
-        into a few multi-row statements, topod.service.batch_sql, each a GIL round trip of
-        this thread), and only when a statement fails is it written again change by
-        change, with a savepoint each. A failed COMMIT fails them all, and so does a fault
+        """One transaction for the whole batch (topod.service.lease_commit). A change that
+        violates a constraint fails alone: the batch is first written straight, and only
+        when a statement fails is it written again change by change, with a savepoint
+        each. A failed COMMIT fails them all, and so does a fault
         that is no SQLite error (a bug, memory): the changes are undone and their clients
         told, and the writer, on the loop or its thread, goes on with the next batch."""
         try:
             try:
                 self._transaction(batch, isolate=False)
-            except _StatementFailed:
+            except StatementFailed:
                 self._transaction(batch, isolate=True)
         except Exception as exc:  # noqa: BLE001 - see above: no change may wait for ever
             for op in batch:
                 op.error = op.error or exc
 
     def _transaction(self, batch: list[_Op], *, isolate: bool) -> None:
-        db = self._db
-        try:
-            db.execute("BEGIN IMMEDIATE")
-            # A lone change is written as it is: merging one change only costs its time.
-            statements = None if isolate or len(batch) == 1 else merged(op.sql for op in batch)
-            if statements is not None:
-                try:
-                    for statement, params in statements:
-                        db.execute(statement, params)
-                except sqlite3.Error as exc:
-                    raise _StatementFailed from exc
-            for op in batch if statements is None else ():
-                if isolate:
-                    db.execute("SAVEPOINT change")
-                try:
-                    for statement, params in op.sql:
-                        if isinstance(params, list):
-                            db.executemany(statement, params)
-                        else:
-                            db.execute(statement, params)
-                except sqlite3.Error as exc:
-                    if not isolate:
-                        raise _StatementFailed from exc
-                    db.execute("ROLLBACK TO change")
-                    op.error = exc
-                if isolate:
-                    db.execute("RELEASE change")
-            db.execute("COMMIT")
-            self.commits += 1
-            self.changes += len(batch)
-        except Exception:
-            try:
-                db.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
-            raise
+        transaction(self._db, batch, isolate=isolate)
+        self.commits += 1
+        self.changes += len(batch)
 
     # -- checkpoints, between batches ---------------------------------------------------
     def _checkpoint_if_due(self) -> None:
@@ -435,10 +401,6 @@ class GroupCommitWriter:
             self._db.close()
         finally:
             self._db_lock.release()
-
-
-class _StatementFailed(Exception):
-    """A statement of a batch written without savepoints failed: write it again with them."""
 
 
 def _settle(op: _Op) -> None:
