@@ -47,6 +47,8 @@ def _partner_sum(row: list[tuple[float, int, int]], allowed_from: int, rank: lis
 
 def greedy_incumbent(problem: Problem, cap: list[int], k: int,
                       neighbours: list[list[tuple[float, int, int]]]) -> tuple[float, list[int]] | None:
+    """(objective, GPUs per class) of the best greedy growth, from no seed and from the
+    SEEDS most promising classes, improved by one-GPU moves; None when no k-set fits."""
     m = len(cap)
     rank = [0] * m
     root = sorted(range(m), key=lambda d: problem.unary[d] + 0.5 * _partner_sum(neighbours[d], 0, rank, k - 1))
@@ -109,6 +111,8 @@ def _improve(problem: Problem, cap: list[int], k: int, start: tuple[float, list[
 
 
 def _grow(problem: Problem, cap: list[int], k: int, seed: int | None) -> tuple[float, list[int]] | None:
+    """The forced GPUs, the seed's, then the cheapest next GPU until there are k (None
+    when the constraints stop it first)."""
     m = len(cap)
     inter, intra, node = problem.inter, problem.intra, problem.node
     counts = [0] * m

@@ -13,9 +13,9 @@ where g(d) is its exact weight to what is already chosen (each remaining pair is
 counted from both ends, hence 1/2). The r cheapest such values, respecting class sizes,
 bound the rest. The incumbent comes from greedy growth out of the most promising seeds
 (topod.alloc.incumbent), and the class order follows it, so the first leaf is usually
-optimal and the rest is proof. Constraints: at most `max_nodes` NUMA nodes, at most `node_cap[v]` GPUs on node v
-(CPU capacity), at least `lo[c]` of class c (must_include). A node budget bounds the
-work; past it the best set found is returned with exact=False.
+optimal and the rest is proof. Constraints: at most `max_nodes` NUMA nodes, at most
+`node_cap[v]` GPUs on node v (CPU capacity), at least `lo[c]` of class c (must_include).
+A node budget bounds the work; past it the best set found is returned with exact=False.
 
 solve_ties runs the same search with the pruning loosened by a slack and returns every
 set within that slack of the minimum, so the caller can choose among equal-cost sets by

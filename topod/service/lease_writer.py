@@ -333,9 +333,9 @@ class GroupCommitWriter:
         """One transaction for the whole batch (topod.service.lease_commit). A change that
         violates a constraint fails alone: the batch is first written straight, and only
         when a statement fails is it written again change by change, with a savepoint
-        each. A failed COMMIT fails them all, and so does a fault
-        that is no SQLite error (a bug, memory): the changes are undone and their clients
-        told, and the writer, on the loop or its thread, goes on with the next batch."""
+        each. A failed COMMIT fails them all, and so does a fault that is no SQLite error
+        (a bug, memory): the changes are undone and their clients told, and the writer, on
+        the loop or its thread, goes on with the next batch."""
         try:
             try:
                 self._transaction(batch, isolate=False)
