@@ -63,7 +63,7 @@ def load() -> str:
 
 def start_daemon(root: Path, work: Path, name: str, env: dict) -> subprocess.Popen:
     sock = str(work / f"{name}.sock")
-    daemon = subprocess.Popen([sys.executable, "-m", "topod.service.main", "--root", str(root), "--socket", sock,
+    daemon = subprocess.Popen([*topod_command(), "--root", str(root), "--socket", sock,
                                "--state-dir", str(work / f"state-{name}")], stderr=subprocess.DEVNULL, env=env)
     wait_ready(sock)
     return daemon
@@ -117,6 +117,14 @@ def timed(command: list[str], env: dict, cwd: Path) -> float:
     started = time.perf_counter()
     subprocess.run(command, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
     return time.perf_counter() - started
+
+
+def topod_command() -> list[str]:
+    """The installed `topod` (the console script beside this interpreter, as systemd's
+    ExecStart runs it); `python -m topod.service.main` where there is none (which also
+    loads runpy: no difference in the daemon's PSS measured, 31.8-32.2 MiB either way)."""
+    script = Path(sys.executable).parent / "topod"
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "topod.service.main"]
 
 
 def topoctl_command() -> list[str]:

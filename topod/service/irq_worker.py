@@ -3,7 +3,7 @@
 the daemon that work would hold the GIL against the event loop, and every API request
 would wait behind it. In a child process it costs the API nothing.
 
-The child (`python -m topod.service.irq_worker`) keeps the balancer (its snapshots,
+The child (`python -P -c` WORKER_CODE: see WORKER_ARGS) keeps the balancer (its snapshots,
 cooldowns and failure state) between calls and speaks length-prefixed pickle frames on
 its stdin/stdout: no multiprocessing machinery, no semaphores, no resource-tracker
 process. The daemon sends the topology only when it changed and gets back what it shows
@@ -113,6 +113,14 @@ def _write_frame(stream: BinaryIO, value: Any) -> None:
     stream.flush()
 
 
+# How the daemon starts the worker: `-c`, not `-m`, because `-m` loads runpy and
+# importlib.util first (~0.7 MiB of the worker's PSS, for nothing it uses); `-P`, because
+# both would otherwise put the working directory first on sys.path, and a hand-started
+# daemon's working directory may hold anything named `topod`. The code imports the
+# module by its name, so what the child pickles (Outcome) names topod.service.irq_worker.
+WORKER_ARGS = ("-P", "-c", "from topod.service.irq_worker import child_main; raise SystemExit(child_main())")
+
+
 def child_main() -> int:
     # The daemon decides when this process ends (it closes our stdin): a terminal's ^C or
     # systemd's SIGTERM to the whole cgroup must not kill a cycle halfway through.
@@ -178,8 +186,7 @@ class IrqWorker:
             _log().warning("irq_worker_replaced", pid=previous.pid, exit=_exit_text(previous.returncode),
                         reason="the IRQ worker process ended; a new one is sent the topology before it plans")
         self._process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "topod.service.irq_worker", stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE)
+            sys.executable, *WORKER_ARGS, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
         self._sent = None
         self.starts += 1
         self._send(self._process, (self.root, self.section))
@@ -247,10 +254,3 @@ class IrqWorker:
             process.kill()
             await process.wait()
 
-
-if __name__ == "__main__":
-    # Run the module's own copy, not __main__'s: what the child pickles (Outcome) must
-    # name topod.service.irq_worker for the daemon to load it.
-    from topod.service.irq_worker import child_main as main
-
-    sys.exit(main())
