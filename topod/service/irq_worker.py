@@ -3,7 +3,7 @@
 the daemon that work would hold the GIL against the event loop, and every API request
 would wait behind it. In a child process it costs the API nothing.
 
-The child (`python -P -c` WORKER_CODE: see WORKER_ARGS) keeps the balancer (its snapshots,
+The child (`python -P -c ...`: WORKER_ARGS) keeps the balancer (its snapshots,
 cooldowns and failure state) between calls and speaks length-prefixed pickle frames on
 its stdin/stdout: no multiprocessing machinery, no semaphores, no resource-tracker
 process. The daemon sends the topology only when it changed and gets back what it shows
