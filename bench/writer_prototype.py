@@ -32,6 +32,7 @@ import asyncio
 import json
 import os
 import pickle
+import select
 import signal
 import sqlite3
 import statistics
@@ -50,6 +51,7 @@ sys.path.insert(0, str(BENCH.parent))
 
 MODES = ("thread", "thread-process", "process", "process-eager", "process-spin")
 SINGLE_MODES = ("loop", "thread", "process", "process-spin")
+SPIN_SECONDS = 0.002  # process-spin: how long either end polls before it sleeps
 
 
 # -- the prototype server (run as `writer_prototype.py --serve SOCK MODE LEASE DB`) -------
@@ -74,18 +76,20 @@ def commit(db: sqlite3.Connection, batch: list[tuple[str, object]]) -> None:
 
 
 def read_exactly(fd: int, size: int, spin: bool) -> bytes:
+    """`size` bytes (fewer at EOF). spin: the fd is non-blocking and is polled for
+    SPIN_SECONDS before waiting in select; else a plain blocking read."""
     data = b""
-    deadline = time.monotonic() + 0.002
+    deadline = time.monotonic() + SPIN_SECONDS
     while len(data) < size:
-        if spin and time.monotonic() < deadline:
+        if spin:
             try:
                 chunk = os.read(fd, size - len(data))
             except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    select.select([fd], [], [])
                 continue
         else:
-            os.set_blocking(fd, True)
             chunk = os.read(fd, size - len(data))
-            os.set_blocking(fd, False)
         if not chunk:
             return data
         data += chunk
@@ -95,21 +99,10 @@ def read_exactly(fd: int, size: int, spin: bool) -> bytes:
 def child_writer(batches: int, acks: int, path: str) -> None:
     db = open_database(path)
     spin = os.environ.get("PROTO_SPIN") == "1"
-    if spin:
-        os.set_blocking(batches, False)
-        while head := read_exactly(batches, 4, True):
-            (size,) = struct.unpack("I", head)
-            sequence, batch = pickle.loads(read_exactly(batches, size, True))
-            commit(db, batch)
-            os.write(acks, struct.pack("I", sequence))
-        return
-    source = os.fdopen(batches, "rb", buffering=0)
-    while head := source.read(4):
+    os.set_blocking(batches, not spin)
+    while head := read_exactly(batches, 4, spin):
         (size,) = struct.unpack("I", head)
-        data = b""
-        while len(data) < size:
-            data += source.read(size - len(data))
-        sequence, batch = pickle.loads(data)
+        sequence, batch = pickle.loads(read_exactly(batches, size, spin))
         commit(db, batch)
         os.write(acks, struct.pack("I", sequence))
 
@@ -214,7 +207,7 @@ class Writer:
         os.write(self.batches, struct.pack("I", len(data)) + data)
         self.busy = True
         if self.mode == "process-spin" and len(batch) == 1:
-            deadline = time.monotonic() + 0.002
+            deadline = time.monotonic() + SPIN_SECONDS
             while time.monotonic() < deadline:
                 try:
                     data = os.read(self.acks, 4)

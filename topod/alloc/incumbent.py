@@ -31,14 +31,12 @@ def class_neighbours(problem: Problem, cap: list[int]) -> list[list[tuple[float,
     return out
 
 
-def _partner_sum(row: list[tuple[float, int, int]], allowed_from: int, rank: list[int], need: int) -> float:
-    """Sum of the `need` cheapest partner weights among classes ranked >= allowed_from."""
+def _partner_sum(row: list[tuple[float, int, int]], need: int) -> float:
+    """Sum of the `need` cheapest partner weights in a class's row (class_neighbours)."""
     total = 0.0
-    for w, count, e in row:
+    for w, count, _ in row:
         if need <= 0:
             break
-        if rank[e] < allowed_from:
-            continue
         take = count if count < need else need
         total += take * w
         need -= take
@@ -50,8 +48,7 @@ def greedy_incumbent(problem: Problem, cap: list[int], k: int,
     """(objective, GPUs per class) of the best greedy growth, from no seed and from the
     SEEDS most promising classes, improved by one-GPU moves; None when no k-set fits."""
     m = len(cap)
-    rank = [0] * m
-    root = sorted(range(m), key=lambda d: problem.unary[d] + 0.5 * _partner_sum(neighbours[d], 0, rank, k - 1))
+    root = sorted(range(m), key=lambda d: problem.unary[d] + 0.5 * _partner_sum(neighbours[d], k - 1))
     best: tuple[float, list[int]] | None = None
     for seed in [None, *root[:min(SEEDS, max(1, m // 4))]]:
         found = _grow(problem, cap, k, seed)

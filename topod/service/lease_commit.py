@@ -12,17 +12,21 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING
 
-from topod.service.batch_sql import Statement, merged
+from topod.service.batch_sql import merged
 
+if TYPE_CHECKING:  # annotations only: nothing to build at import
+    from typing import Protocol
 
-class Change(Protocol):
-    """A queued change, as the transaction sees it: its statements, and where a refusal
-    under `isolate` is put."""
+    from topod.service.batch_sql import Statement
 
-    sql: Sequence[Statement]
-    error: BaseException | None
+    class Change(Protocol):
+        """A queued change, as the transaction sees it: its statements, and where a
+        refusal under `isolate` is put."""
+
+        sql: Sequence[Statement]
+        error: BaseException | None
 
 
 class StatementFailed(Exception):
