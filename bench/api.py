@@ -349,7 +349,7 @@ def topology_figures(root: Path, reads: int = 30) -> str:
     loop; each read splices the leased GPUs). Median event-loop time per read."""
     import asyncio
 
-    from topod.api.server import dumps
+    from topod.api.answers import dumps
     from topod.discover import discover
     from topod.distance import DistanceModel
     from topod.host import HostRoot

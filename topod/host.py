@@ -10,7 +10,8 @@ type; one swapped in after that look is refused unread, by an fstat of what was 
 every read is capped in size, and a read that fails for any reason other than "not
 there" is recorded as a ReadProblem that discovery turns into a Topology warning.
 `read()` answers None for any failure; `read_bytes()` is the strict form that raises a
-HostReadError subclass saying which.
+HostReadError subclass saying which. The caps and those subclasses are
+topod.cappedread's; the path arithmetic without pathlib, topod.pathtext's.
 """
 
 from __future__ import annotations
@@ -26,45 +27,38 @@ TYPE_CHECKING = False  # annotations only: pathlib is imported where a Path is m
 if TYPE_CHECKING:
     from pathlib import Path
 
+from topod.cappedread import (
+    CAPS_BY_PATH,
+    MISSING_ERRNOS,
+    NAME_SUFFIXES,
+    READ_CAP,
+    file_kind,
+    os_read_error,
+    read_cap,
+    read_capped,
+    read_error,
+)
 from topod.errors import (
     HostFileMissingError,
     HostFileTooLargeError,
     HostFileUnreadableError,
-    HostPermissionError,
     HostReadError,
     HostWriteError,
     NotAHostTreeError,
     NotARegularFileError,
 )
+from topod.pathtext import path_text, realpath_memo
 from topod.record import record
 
 # A write hook gets (relative path, text) and may raise OSError to simulate what a
 # kernel answers (EIO for a managed IRQ, ENOSPC for exhausted vectors, ...).
 WriteFault = Callable[[str, str], None]
 
-MiB = 1024 * 1024
-# The default cap on one read. Every sysfs attribute is one page (4 KiB) at most.
-READ_CAP = 1 * MiB
-# Files that grow with the CPU or IRQ count get their own caps. Measured: /proc/interrupts
-# in the kernel's format ("%10u " per CPU) with 4,096 CPU columns, 200 IRQ lines and the
-# 20 x86 summary lines is 9,973,086 bytes (9.5 MiB); 64 MiB holds ~1,450 IRQ lines at
-# 4,096 CPUs. /proc/cpuinfo is ~2 KiB per CPU on x86 (the flags line), ~8 MiB at 4,096.
-CAPS_BY_PATH: dict[str, int] = {
-    "proc/interrupts": 64 * MiB,
-    "proc/cpuinfo": 32 * MiB,
-    "proc/softirqs": 8 * MiB,
-    "proc/stat": 8 * MiB,
-}
-# By file name, anywhere: a process's numa_maps has one line per mapping (65,530 at most).
-CAPS_BY_NAME: dict[str, int] = {"numa_maps": 16 * MiB}
 # How many recent read problems a HostRoot keeps (a daemon's reads never grow it further).
 PROBLEMS_KEPT = 256
 
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK | os.O_CLOEXEC
-_MISSING = (errno.ENOENT, errno.ENOTDIR)
-_DENIED = (errno.EACCES, errno.EPERM)
-_CHUNK = 65536
 
 
 @record
@@ -75,81 +69,6 @@ class ReadProblem:
     code: str
     path: str  # relative to the root
     reason: str
-
-
-_NAME_SUFFIXES = tuple(f"/{name}" for name in CAPS_BY_NAME)
-
-
-def read_cap(rel: str) -> int:
-    """The most bytes topod reads from the file at rel (relative to the root)."""
-    rel = rel.lstrip("/")
-    if rel.endswith(_NAME_SUFFIXES):
-        return CAPS_BY_NAME[rel.rsplit("/", 1)[-1]]
-    return CAPS_BY_PATH.get(rel, READ_CAP)
-
-
-def read_capped(fd: int, size_hint: int, cap: int) -> bytes:
-    """An open file's bytes, at most cap + 1 of them (one more than allowed: the caller
-    tells "over the cap" without reading the rest). sysfs says 4096 and procfs 0 for
-    every file, so the size is known only by reading; a file on disk that gave exactly
-    its size is whole (one read, not two)."""
-    first = os.read(fd, min(cap + 1, max(size_hint + 1, 8192)))
-    if not first or len(first) > cap or len(first) == size_hint:
-        return first
-    chunks = [first]
-    total = len(first)
-    while chunk := os.read(fd, min(_CHUNK, cap + 1 - total)):
-        chunks.append(chunk)
-        total += len(chunk)
-        if total > cap:
-            break
-    return b"".join(chunks) if len(chunks) > 1 else first
-
-
-def file_kind(mode: int) -> str:
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISCHR(mode):
-        return "a character device"
-    if stat.S_ISBLK(mode):
-        return "a block device"
-    return "not a regular file"
-
-
-def _fail(cls: type[HostReadError], rel: str, reason: str) -> HostReadError:
-    error = cls(f"{rel}: {reason}")
-    error.path = rel  # type: ignore[attr-defined]
-    error.reason = reason  # type: ignore[attr-defined]
-    return error
-
-
-def _os_failure(rel: str, exc: OSError) -> HostReadError:
-    code = exc.errno or errno.EIO
-    reason = os.strerror(code)
-    if code in _MISSING:
-        return _fail(HostFileMissingError, rel, reason)
-    if code in _DENIED:
-        return _fail(HostPermissionError, rel, f"{reason}; run as root or make it readable")
-    return _fail(HostFileUnreadableError, rel, f"{reason} (errno {errno.errorcode.get(code, code)})")
-
-
-def path_text(path: str | os.PathLike[str]) -> str:
-    """str(pathlib.PurePosixPath(path)), without importing pathlib (with the urllib.parse
-    and ipaddress it pulls in, ~5 ms of every topoctl start): empty and '.' parts dropped,
-    '..' kept, a leading '//' kept as POSIX allows, '.' for nothing."""
-    text = os.fspath(path)
-    if not isinstance(text, str):
-        raise TypeError(f"expected a str path, not {type(text).__name__}")
-    if text.startswith("//") and not text.startswith("///"):
-        lead = "//"
-    else:
-        lead = "/" if text.startswith("/") else ""
-    parts = [part for part in text.split("/") if part and part != "."]
-    return lead + "/".join(parts) if lead or parts else "."
 
 
 class _Collecting:
@@ -242,7 +161,7 @@ class HostRoot:
         more than the cap, never blocks on a FIFO."""
         data = self._load(rel.lstrip("/"), limit)
         if data is None:
-            raise _fail(HostFileMissingError, rel.lstrip("/"), os.strerror(errno.ENOENT))
+            raise read_error(HostFileMissingError, rel.lstrip("/"), os.strerror(errno.ENOENT))
         return data
 
     def _load(self, rel: str, limit: int | None, dir_fd: int | None = None, name: str = "",
@@ -253,7 +172,7 @@ class HostRoot:
         path = f"{self._prefix}/{rel}" if dir_fd is None else name
         if limit is not None:
             cap = limit
-        elif rel.endswith(_NAME_SUFFIXES):
+        elif rel.endswith(NAME_SUFFIXES):
             cap = read_cap(rel)
         else:
             cap = CAPS_BY_PATH.get(rel, READ_CAP)
@@ -266,38 +185,40 @@ class HostRoot:
             try:
                 before = os.stat(path, dir_fd=dir_fd)
             except OSError as exc:
-                if exc.errno in _MISSING:
+                if exc.errno in MISSING_ERRNOS:
                     return None
-                raise _os_failure(rel, exc) from None
+                raise os_read_error(rel, exc) from None
             except ValueError:  # a NUL in the path
-                raise _fail(HostFileUnreadableError, rel, "path holds a NUL byte") from None
+                raise read_error(HostFileUnreadableError, rel, "path holds a NUL byte") from None
             if not stat.S_ISREG(before.st_mode):
-                raise _fail(NotARegularFileError, rel,
-                            f"{file_kind(before.st_mode)} where a file was expected; not read")
+                raise read_error(NotARegularFileError, rel,
+                                 f"{file_kind(before.st_mode)} where a file was expected; not read")
             if before.st_size > cap:
-                raise _fail(HostFileTooLargeError, rel, f"{before.st_size} bytes, over the {cap}-byte cap; not read")
+                raise read_error(HostFileTooLargeError, rel,
+                                 f"{before.st_size} bytes, over the {cap}-byte cap; not read")
         try:
             fd = os.open(path, _OPEN_FLAGS if before is not None else _OPEN_FLAGS | os.O_NOFOLLOW, dir_fd=dir_fd)
         except OSError as exc:
-            if exc.errno in _MISSING:
+            if exc.errno in MISSING_ERRNOS:
                 return None
             if before is None and exc.errno == errno.ELOOP:  # a link now, not the file listed: look again
                 return self._load(rel, limit, dir_fd, name)
-            raise _os_failure(rel, exc) from None
+            raise os_read_error(rel, exc) from None
         try:
             opened = os.fstat(fd)
             if not stat.S_ISREG(opened.st_mode) or (
                     before is not None and (opened.st_ino != before.st_ino or opened.st_dev != before.st_dev)):
-                raise _fail(NotARegularFileError, rel, "replaced by something else while opening; not read")
+                raise read_error(NotARegularFileError, rel, "replaced by something else while opening; not read")
             if before is None and opened.st_size > cap:
-                raise _fail(HostFileTooLargeError, rel, f"{opened.st_size} bytes, over the {cap}-byte cap; not read")
+                raise read_error(HostFileTooLargeError, rel,
+                                 f"{opened.st_size} bytes, over the {cap}-byte cap; not read")
             data = read_capped(fd, opened.st_size, cap)
         except OSError as exc:
-            raise _os_failure(rel, exc) from None
+            raise os_read_error(rel, exc) from None
         finally:
             os.close(fd)
         if len(data) > cap:
-            raise _fail(HostFileTooLargeError, rel, f"more than the {cap}-byte cap; not read")
+            raise read_error(HostFileTooLargeError, rel, f"more than the {cap}-byte cap; not read")
         return data
 
     def read_data(self, rel: str, *, limit: int | None = None) -> bytes | None:
@@ -326,8 +247,8 @@ class HostRoot:
         try:
             fd = os.open(f"{self._prefix}/{rel}", _DIR_FLAGS)
         except OSError as exc:
-            if exc.errno not in _MISSING:
-                self._record(_os_failure(rel, exc))
+            if exc.errno not in MISSING_ERRNOS:
+                self._record(os_read_error(rel, exc))
             return None
         except ValueError:
             return None
@@ -345,8 +266,8 @@ class HostRoot:
         try:
             return sorted(os.listdir(self._str(rel)))
         except OSError as exc:
-            if exc.errno not in _MISSING:
-                self._record(_os_failure(rel.lstrip("/"), exc))
+            if exc.errno not in MISSING_ERRNOS:
+                self._record(os_read_error(rel.lstrip("/"), exc))
             return []
         except ValueError:
             return []
@@ -366,7 +287,7 @@ class HostRoot:
                 real = os.path.realpath(self._str(rel), strict=True)
             else:
                 path = self._str(rel)
-                real = _realpath(path if path.startswith("/") else f"{os.getcwd()}/{path}", memo, 0)
+                real = realpath_memo(path if path.startswith("/") else f"{os.getcwd()}/{path}", memo, 0)
         except (OSError, ValueError, RuntimeError):
             return None
         root = self.real_root
@@ -433,7 +354,7 @@ class HostDir:
                     if entry.is_file(follow_symlinks=False):  # d_type; an lstat only where it is unknown
                         regular.append(entry.name)
         except OSError as exc:
-            self.host._record(_os_failure(self.rel, exc))
+            self.host._record(os_read_error(self.rel, exc))
             return []
         self.regular = frozenset(regular)
         return sorted(names)
@@ -448,31 +369,3 @@ class HostDir:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-_MAX_LINK_DEPTH = 40  # the kernel's limit on nested symbolic links
-
-
-def _realpath(path: str, memo: dict[str, str], depth: int) -> str:
-    """os.path.realpath(path, strict=True) for an absolute path, remembering
-    what each prefix resolved to in memo. Raises OSError (ENOENT, ENOTDIR, ELOOP)."""
-    if depth > _MAX_LINK_DEPTH:
-        raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
-    result = "/"
-    for name in path.split("/"):
-        if not name or name == ".":
-            continue
-        if name == "..":
-            result = os.path.dirname(result)
-            continue
-        candidate = f"{result}/{name}" if result != "/" else f"/{name}"
-        known = memo.get(candidate)
-        if known is None:
-            if stat.S_ISLNK(os.lstat(candidate).st_mode):
-                target = os.readlink(candidate)
-                known = _realpath(f"{result}/{target}" if not target.startswith("/") else target, memo, depth + 1)
-            else:
-                known = candidate
-            memo[candidate] = known
-        result = known
-    return result

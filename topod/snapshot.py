@@ -61,7 +61,7 @@ def collect(host: HostRoot) -> Iterator[Entry]:
 
 
 def _file(host: HostRoot, rel: str) -> Iterator[Entry]:
-    """A regular file within its read cap (topod.host.read_cap); anything else is left out:
+    """A regular file within its read cap (topod.cappedread.read_cap); anything else is left out:
     a missing file silently, the others noted in host.read_problems. A FIFO never
     blocks the snapshot, and a file over its cap is not copied cut short."""
     data = host.read_data(rel)

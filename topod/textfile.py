@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 import stat
 
+from topod.cappedread import file_kind, read_capped
 from topod.errors import ConfigError
-from topod.host import file_kind, read_capped
 
 _DEV_NULL = os.makedev(1, 3)
 

@@ -74,14 +74,14 @@ def test_a_first_decision_of_each_size_after_warm_up_computes_no_reference(servi
     view = service.distances.memo["host_view"]
     before = _references(view)
     searched: list[int] = []
-    real_reference = engine._reference
+    real_reference = engine.reference_set
 
     def counted(view, k, *args):
         if ("ref", k, None, ()) not in view.cache:
             searched.append(k)
         return real_reference(view, k, *args)
 
-    monkeypatch.setattr(engine, "_reference", counted)
+    monkeypatch.setattr(engine, "reference_set", counted)
     for k in (1, 2, 4, 8, 3):
         decision = service.decide(service.parse({"gpus": k, "level": "any"})[1])
         assert len(decision.gpus) == k

@@ -16,6 +16,7 @@ from topod.alloc.hostview import host_view
 from topod.alloc.policy import PolicySettings, backpressure_penalty
 from topod.alloc.request import FreeState, Request
 from topod.alloc.search import solve_one
+from topod.alloc.viewsearch import search_view
 
 
 def _phi_per_gpu(view, busy: set[int]) -> list[float]:
@@ -96,7 +97,7 @@ def _general_one(view, busy, weight, node_cap):
     calls.append(1)
     free = [p for p in range(view.n) if p not in busy]
     unary = engine._unary(view, busy, free, weight, ())
-    return engine._search(view, free, set(), unary, node_cap, None, 1, DEFAULT_POLICY.search_budget, busy)
+    return search_view(view, free, set(), unary, node_cap, None, 1, DEFAULT_POLICY.search_budget, busy)
 
 
 def _outcome(decide):

@@ -10,9 +10,10 @@ from itertools import combinations
 
 import pytest
 
-from topod.alloc.engine import allocate, good_node_limit, prepare
+from topod.alloc.engine import allocate, prepare
 from topod.alloc.errors import AllocationError
 from topod.alloc.hostview import host_view
+from topod.alloc.reference import good_node_limit
 from topod.alloc.request import FreeState, Request
 from topod.distance import DistanceModel
 

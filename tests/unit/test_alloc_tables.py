@@ -1,5 +1,5 @@
 """The allocator's precomputed tables give what the computations they replace give:
-core windows (cores._windows) and cores as bits (cores.node_cores), the lone nearest
+core windows (windows._windows) and cores as bits (cores.node_cores), the lone nearest
 NIC (nics._Table.alone), on several built-in hosts and random free states; the
 hand-written __init__ of its hot value classes (request.slot_init) builds what the
 dataclass's own would."""
@@ -11,16 +11,18 @@ import random
 
 import pytest
 
-from topod.alloc.cores import NOWHERE, CoreChoice, _pick, core_map, node_cores
+from topod.alloc.cores import CoreChoice, core_map, node_cores
 from topod.alloc.nics import NicChoice, _shared, _table
 from topod.alloc.request import Decision, Performance, Placement, slot_init
 from topod.alloc.search import SearchResult
+from topod.alloc.windows import NOWHERE
+from topod.alloc.windows import pick_cores as _pick
 
 HOSTS = ("h800-8gpu", "pcie-8gpu", "nps4-8gpu", "dgx1-cubemesh", "pcie-64gpu")
 
 
 def _scan(ordered, usable, llc, taken, need, local):
-    """The window a scan of the free cores in order finds (cores._pick before its tables):
+    """The window a scan of the free cores in order finds (windows.pick_cores before its tables):
     the first single-L3 window inside `local`, else the best by (L3s > 1, outside, start)."""
     best = None
     n, start = len(ordered), 0
@@ -173,7 +175,8 @@ def test_slot_init_refuses_a_class_whose_post_init_it_would_skip():
 
 
 def test_whole_node_is_what_solve_ties_gives_for_a_node_with_exactly_k_free():
-    from topod.alloc.search import Problem, _whole_node, solve_ties
+    from topod.alloc.search import Problem
+    from topod.alloc.ties import _whole_node, solve_ties
 
     rng = random.Random(26)
     for _ in range(300):

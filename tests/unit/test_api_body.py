@@ -147,7 +147,7 @@ def test_engine_validator_refuses_unstorable_strings(field, value):
 # -- error mapping, peers, events ----------------------------------------------------
 
 def test_unknown_error_codes_are_500_not_400():
-    from topod.api.server import STATUS_OF_CODE, status_of
+    from topod.api.answers import STATUS_OF_CODE, status_of
 
     assert status_of("state_write_failed") == 500
     assert status_of("some_code_nobody_mapped") == 500

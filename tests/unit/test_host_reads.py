@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from topod.cappedread import READ_CAP, read_cap
 from topod.errors import (
     HostFileMissingError,
     HostFileTooLargeError,
@@ -20,7 +21,7 @@ from topod.errors import (
     NotAHostTreeError,
     NotARegularFileError,
 )
-from topod.host import PROBLEMS_KEPT, READ_CAP, HostRoot, read_cap
+from topod.host import PROBLEMS_KEPT, HostRoot
 from timebox import within
 
 
@@ -290,7 +291,7 @@ def test_the_root_text_is_what_pathlib_would_print(raw):
     # wanted; the text must be exactly the Path's, or messages and paths would differ
     from pathlib import PurePosixPath
 
-    from topod.host import path_text
+    from topod.pathtext import path_text
 
     assert path_text(raw) == str(PurePosixPath(raw))
 

@@ -2,7 +2,7 @@
 sets that cost the minimum it takes the one leaving the most requests servable at the
 host's best (now, then once one running lease ends), so later requests can still be
 served at the host's best (topod.alloc.packing.look_ahead, the census in
-hostview, search.solve_ties)."""
+hostview, ties.solve_ties)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import pytest
 from topod.alloc.engine import allocate
 from topod.alloc.hostview import best_set_census, host_view
 from topod.alloc.request import FreeState, Request
-from topod.alloc.search import build_problem, solve, solve_ties
+from topod.alloc.search import build_problem, solve
+from topod.alloc.ties import solve_ties
 
 PACKED = ("pcie-8gpu", "nps4-8gpu", "dgx1-cubemesh")
 

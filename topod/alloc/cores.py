@@ -11,7 +11,7 @@ Rules, in order:
   skipped) and share one last-level cache, preferring cores in the GPU's PCIe
   local_cpulist; the first such window wins, so successive GPUs get successive blocks.
   When no window fits, the node's free cores are taken, fullest L3 first, and the
-  decision says they are not contiguous.
+  decision says they are not contiguous (the pick within a node: topod.alloc.windows).
 - Not enough near cores: 'insufficient_cpus' at levels best and good. At level 'any'
   the GPU gets cores from the nearest node by SLIT distance that has them (ties: lower
   node id), and the decision marks cpu_fallback with the node used.
@@ -24,9 +24,9 @@ Rules, in order:
   host of 4-core nodes), each of them gets fewer whole cores, at least one; with fewer
   usable cores than GPUs, they share the node's cores; on a node with no usable core,
   one core each from the nearest node (cpu_fallback). Each says so in a 'warning:'
-  reason (auto_plan, assign_auto). The degrading follows the empty host only: cores
-  held by other leases still make a request wait (insufficient_cpus), as they do for
-  a set that gets its full share.
+  reason (topod.alloc.nodecores.auto_plan, assign_auto). The degrading follows the
+  empty host only: cores held by other leases still make a request wait
+  (insufficient_cpus), as they do for a set that gets its full share.
 """
 
 from __future__ import annotations
@@ -38,17 +38,16 @@ from itertools import repeat
 from operator import attrgetter, or_
 
 from topod.alloc.errors import InsufficientCpusError
+from topod.alloc.nodecores import Core, NodeCores, auto_plan, free_cpus, gpus_served, usable_cores
 from topod.alloc.request import slot_init, slot_setters
+from topod.alloc.windows import NOWHERE, pick_cores
 from topod.model import Cpu, Gpu, Topology
 
-Core = tuple[int, ...]
 # Logical CPUs per GPU: one number for every node, or per node (the "auto" fair share).
 PerGpu = int | Mapping[int, int]
 # node_cores results kept per core map (by the cores the excluded CPUs block): the free
 # states a host sees repeat (a lease released, another of the same shape granted).
 NODE_CORES_MEMO = 1_024
-WINDOW_TABLES = 1_024  # _windows per core map (by node, CPUs per GPU and the GPU's local CPUs)
-NOWHERE: frozenset[int] = frozenset()  # no local CPUs: no preference
 _INDEX = attrgetter("index")
 
 
@@ -73,7 +72,7 @@ def fair_share(topology: Topology, reserved: set[int], cmap: CoreMap | None = No
     for node, cores in node_cores(topology, set(reserved), cmap).items():
         if node not in gpus:
             continue
-        usable = _in_order(cores)
+        usable = usable_cores(cores)
         if not usable:
             continue
         per_gpu_cores = max(1, (len(usable) - 1) // gpus[node])
@@ -104,22 +103,6 @@ def _core_choice_init(self, cpus, cpu_node, fallback, reasons) -> None:  # noqa:
 slot_init(CoreChoice, _core_choice_init)
 
 
-@dataclass(slots=True)  # built per node per decision: not frozen, whose __init__ is slower
-class _NodeCores:
-    all_cores: list[Core]  # every core of the node in CPU order (defines contiguity)
-    free: int  # bit i set: all_cores[i] is usable (eligible, none of its CPUs excluded, leased or reserved)
-    llc: dict[Core, int]
-    node: int = -1  # the node (the key of the map's window tables)
-
-
-def _in_order(cores: _NodeCores | None) -> list[Core]:
-    """The node's usable cores in CPU order (none for a node not there)."""
-    if not cores:
-        return []
-    free = cores.free
-    return [core for i, core in enumerate(cores.all_cores) if free >> i & 1]
-
-
 @dataclass(frozen=True, slots=True)
 class CoreMap:
     """What the topology alone says about cores (the engine keeps one per host view):
@@ -134,13 +117,13 @@ class CoreMap:
     nodes: dict[int, tuple[list[Core], dict[Core, int], frozenset[Core]]]
     core_of: dict[int, tuple[tuple[int, Core], ...]] = field(default_factory=dict)
     local: dict[str, frozenset[int]] = field(default_factory=dict)
-    whole: dict[int, _NodeCores] = field(default_factory=dict)  # node_cores of a node nothing excludes from
+    whole: dict[int, NodeCores] = field(default_factory=dict)  # node_cores of a node nothing excludes from
     capacity_memo: dict = field(default_factory=dict)  # auto_capacity per node, by its plans and free cores
     cpu_bits: dict[int, int] = field(default_factory=dict)  # CPU -> its cores' bits, across the map
     offset: dict[int, int] = field(default_factory=dict)  # node -> its first bit across the map
     eligible: dict[int, int] = field(default_factory=dict)  # node -> its eligible cores as bits
     marks: dict[Core, tuple[tuple[int, int], ...]] = field(default_factory=dict)  # core -> (node, its bit) per node
-    windows: dict = field(default_factory=dict)  # (node, CPUs, local CPUs) -> _pick's windows, best first
+    windows: dict = field(default_factory=dict)  # (node, CPUs, local CPUs) -> pick_cores's windows, best first
     blocked_memo: dict = field(default_factory=dict)  # node_cores by the bits its excluded CPUs block
 
 
@@ -182,7 +165,7 @@ def core_map(topology: Topology) -> CoreMap:
 
 
 def node_cores(topology: Topology, excluded: set[int] | frozenset[int],
-               cmap: CoreMap | None = None) -> dict[int, _NodeCores]:
+               cmap: CoreMap | None = None) -> dict[int, NodeCores]:
     """node -> its cores; `excluded` = leased | reserved CPUs. A core is usable when it
     is eligible and none of its CPUs is excluded: the cores excluded CPUs block are
     looked up per CPU (as bits, across the map), so the cost follows what is taken, not
@@ -190,7 +173,7 @@ def node_cores(topology: Topology, excluded: set[int] | frozenset[int],
     cmap = cmap or core_map(topology)
     whole = cmap.whole
     if not whole:  # each node with nothing excluded, built once per map and shared (read only)
-        whole.update({node: _NodeCores(ordered, cmap.eligible[node], llc, node)
+        whole.update({node: NodeCores(ordered, cmap.eligible[node], llc, node)
                       for node, (ordered, llc, _) in cmap.nodes.items()})
     blocked = reduce(or_, map(cmap.cpu_bits.get, excluded, repeat(0)), 0)
     memo = cmap.blocked_memo
@@ -204,7 +187,7 @@ def node_cores(topology: Topology, excluded: set[int] | frozenset[int],
         offset = cmap.offset
         for node, cores in whole.items():
             mine = blocked >> offset[node] & cores.free
-            out[node] = _NodeCores(cores.all_cores, cores.free & ~mine, cores.llc, node) if mine else cores
+            out[node] = NodeCores(cores.all_cores, cores.free & ~mine, cores.llc, node) if mine else cores
     if len(memo) >= NODE_CORES_MEMO:
         del memo[next(iter(memo))]
     memo[blocked] = out
@@ -216,7 +199,7 @@ def _eligible(cpu: Cpu | None) -> bool:
 
 
 def node_capacity(topology: Topology, excluded: set[int], cpus_per_gpu: PerGpu,
-                  cmap: CoreMap | None = None, now: Mapping[int, _NodeCores] | None = None) -> dict[int, int]:
+                  cmap: CoreMap | None = None, now: Mapping[int, NodeCores] | None = None) -> dict[int, int]:
     """node -> how many GPUs its free cores can serve at cpus_per_gpu (the search's CPU
     constraint; nodes absent serve none). `now`: node_cores for `excluded`, if at hand."""
     if not wants_cpus(cpus_per_gpu):
@@ -227,42 +210,8 @@ def node_capacity(topology: Topology, excluded: set[int], cpus_per_gpu: PerGpu,
         if wanted <= 0:
             capacity[node] = 0
             continue
-        capacity[node] = _serves(_in_order(cores), wanted)
+        capacity[node] = gpus_served(usable_cores(cores), wanted)
     return capacity
-
-
-def auto_plan(counts: Mapping[int | None, int], share: Mapping[int, int],
-              empty: Mapping[int, _NodeCores]) -> dict[int | None, int | None]:
-    """node -> CPUs per GPU for `counts[node]` GPUs of one set under auto, judged on the
-    empty host (`empty`: node_cores with only reserved CPUs out): the fair share when the
-    node's usable cores hold that many shares, else as many whole cores each as they
-    hold (> 0, fewer than the share); 0 when there are fewer usable cores than GPUs (the
-    GPUs share them); None when the node has no usable core (the nearest node's)."""
-    plan: dict[int | None, int | None] = {}
-    for node, m in counts.items():
-        cores = empty.get(node) if node is not None else None
-        usable = _in_order(cores)
-        if not usable:
-            plan[node] = None
-            continue
-        each = len(usable) // m
-        if each == 0:
-            plan[node] = 0
-            continue
-        fit = each * min(len(core) for core in usable)
-        full = share.get(node, 0) if node is not None else 0
-        plan[node] = full if full and _serves(usable, full) >= m else min(full, fit) if full else fit
-    return plan
-
-
-def _serves(cores: list[Core], wanted: int) -> int:
-    """How many GPUs `cores` (in node order) serve at `wanted` CPUs each, whole cores."""
-    served = have = 0
-    for core in cores:
-        have += len(core)
-        if have >= wanted:
-            served, have = served + 1, 0
-    return served
 
 
 def auto_table(topology: Topology, share: Mapping[int, int], reserved: set[int], gpus_on: Mapping[int, int],
@@ -277,7 +226,7 @@ def auto_table(topology: Topology, share: Mapping[int, int], reserved: set[int],
 
 
 def auto_capacity(topology: Topology, table: Mapping[int, tuple[list[int | None], int]], excluded: set[int],
-                  cmap: CoreMap | None = None, now: Mapping[int, _NodeCores] | None = None) -> dict[int, int]:
+                  cmap: CoreMap | None = None, now: Mapping[int, NodeCores] | None = None) -> dict[int, int]:
     """node -> how many GPUs of one set it can take under auto (the search's CPU
     constraint): the largest m such that 1..m GPUs all get their auto_plan share from
     the node's free cores (the fair share where the empty node holds it, else degraded;
@@ -297,7 +246,7 @@ def auto_capacity(topology: Topology, table: Mapping[int, tuple[list[int | None]
         if known is not None:
             capacity[node] = known
             continue
-        free = _in_order(cores)
+        free = usable_cores(cores)
         served: dict[int, int] = {}
         m = 0
         for wanted in plans:
@@ -309,7 +258,7 @@ def auto_capacity(topology: Topology, table: Mapping[int, tuple[list[int | None]
                     break
             else:
                 if wanted not in served:
-                    served[wanted] = _serves(free, wanted)
+                    served[wanted] = gpus_served(free, wanted)
                 if served[wanted] < m + 1:
                     break
             m += 1
@@ -342,7 +291,7 @@ def assign_auto(topology: Topology, gpus: list[Gpu], share: Mapping[int, int], e
                            f"{', '.join(str(g.index) for g in members)} take one core each from the nearest node")
             continue
         if wanted == 0:
-            free = _in_order(node_cores(topology, taken, cmap)[node])
+            free = usable_cores(node_cores(topology, taken, cmap)[node])
             if len(free) < usable:  # other leases hold some: wait, as for a full share
                 if not allow_fallback:
                     raise InsufficientCpusError(
@@ -372,7 +321,7 @@ def assign_auto(topology: Topology, gpus: list[Gpu], share: Mapping[int, int], e
         else:
             reasons.append(f"cpus_per_gpu auto: each GPU's fair share of node {node} ({wanted} CPUs per GPU)")
     if nearest:
-        one = min((len(core) for cores in empty.values() for core in _in_order(cores)), default=1)
+        one = min((len(core) for cores in empty.values() for core in usable_cores(cores)), default=1)
         choice = assign_cpus(topology, nearest, one, taken, True, cmap, describe=False)
         reasons.extend(choice.reasons)
         fallback |= choice.fallback
@@ -383,7 +332,7 @@ def assign_auto(topology: Topology, gpus: list[Gpu], share: Mapping[int, int], e
 
 def assign_cpus(topology: Topology, gpus: list[Gpu], per_gpu: PerGpu, excluded: set[int],
                 allow_fallback: bool, cmap: CoreMap | None = None, *, describe: bool = True,
-                now: Mapping[int, _NodeCores] | None = None) -> CoreChoice:
+                now: Mapping[int, NodeCores] | None = None) -> CoreChoice:
     """`now`: node_cores for `excluded`, if the caller has it already."""
     if not wants_cpus(per_gpu):
         return CoreChoice({g.index: () for g in gpus}, {g.index: g.numa_node for g in gpus}, False, ())
@@ -400,18 +349,18 @@ def assign_cpus(topology: Topology, gpus: list[Gpu], per_gpu: PerGpu, excluded: 
             else per_gpu
         wanted_sizes.add(cpus_per_gpu)
         local = cmap.local.get(gpu.address, frozenset())
-        picked = _pick(cmap, cores.get(gpu.numa_node), taken, cpus_per_gpu, local, reasons, gpu.index) \
+        picked = pick_cores(cmap, cores.get(gpu.numa_node), taken, cpus_per_gpu, local, reasons, gpu.index) \
             if gpu.numa_node is not None else None
         node = gpu.numa_node
         if picked is None:
-            free = _free_cpus(cores.get(gpu.numa_node), taken) if gpu.numa_node is not None else 0
+            free = free_cpus(cores.get(gpu.numa_node), taken) if gpu.numa_node is not None else 0
             if not allow_fallback:
                 home = f"node {gpu.numa_node}" if gpu.numa_node is not None else "an unknown NUMA node"
                 raise InsufficientCpusError(
                     f"GPU {gpu.index} is on {home}, which has {free} free whole-core CPUs; {cpus_per_gpu} needed "
                     "(level 'any' would take CPUs from the nearest other node)")
             for other in _nearest_nodes(topology, gpu.numa_node):
-                picked = _pick(cmap, cores.get(other), taken, cpus_per_gpu, NOWHERE, reasons, gpu.index)
+                picked = pick_cores(cmap, cores.get(other), taken, cpus_per_gpu, NOWHERE, reasons, gpu.index)
                 if picked is not None:
                     node = other
                     fallback = True
@@ -435,89 +384,6 @@ def assign_cpus(topology: Topology, gpus: list[Gpu], per_gpu: PerGpu, excluded: 
         reasons.append(f"cpus_per_gpu auto: each GPU's fair share of its node "
                        f"({', '.join(map(str, sorted(wanted_sizes)))} CPUs per GPU)")
     return CoreChoice(cpus, where, fallback, tuple(reasons))
-
-
-def _free_cpus(cores: _NodeCores | None, taken: Mapping[int, int]) -> int:
-    if cores is None:
-        return 0
-    free = cores.free & ~taken.get(cores.node, 0)
-    return sum(len(core) for i, core in enumerate(cores.all_cores) if free >> i & 1)
-
-
-Window = tuple[int, tuple[int, ...], tuple[tuple[int, int], ...]]  # cores as bits, CPUs, (node, bits) to mark taken
-
-
-def _pick(cmap: CoreMap, cores: _NodeCores | None, taken: Mapping[int, int], need: int, local: frozenset[int],
-          reasons: list[str], gpu: int) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]] | None:
-    """(the CPUs, sorted; per node the cores they take, as bits) or None: the best
-    contiguous window of free cores (_windows: single L3, then inside `local`, then
-    first), else free cores fullest L3 first (said in `reasons`)."""
-    if cores is None:
-        return None
-    free = cores.free & ~taken.get(cores.node, 0)
-    key = (cores.node, need, local)
-    table = cmap.windows.get(key)
-    if table is None:
-        if len(cmap.windows) >= WINDOW_TABLES:
-            cmap.windows.clear()
-        table = cmap.windows[key] = _windows(cmap, cores, need, local)
-    for bits, cpus, marks in table:
-        if free & bits == bits:
-            return cpus, marks
-    ordered = cores.all_cores
-    spare = [core for i, core in enumerate(ordered) if free >> i & 1]
-    if sum(len(core) for core in spare) < need:
-        return None
-    # No contiguous window: the fullest L3 domains first, cores in order.
-    per_llc: dict[int, int] = {}
-    for core in spare:
-        per_llc[cores.llc[core]] = per_llc.get(cores.llc[core], 0) + len(core)
-    spare.sort(key=lambda core: (-per_llc[cores.llc[core]], cores.llc[core], core))
-    picked, have = [], 0
-    for core in spare:
-        picked.append(core)
-        have += len(core)
-        if have >= need:
-            break
-    reasons.append(f"GPU {gpu}: no {need} contiguous free CPUs on its node; cores are not contiguous")
-    return tuple(sorted([c for core in picked for c in core])), _marks(cmap, picked)
-
-
-def _windows(cmap: CoreMap, cores: _NodeCores, need: int, local: frozenset[int]) -> tuple[Window, ...]:
-    """Every window of consecutive cores of the node from which a GPU could get `need`
-    CPUs (from each start, the fewest cores that hold them), best first: single L3
-    before several, inside `local` (the GPU's PCIe local CPUs; no preference when
-    empty) before not, then by start. _pick takes the first one wholly free: the window
-    a scan of the free cores in order, keeping the best score, finds. Kept per map by
-    (node, need, local): the topology alone decides them."""
-    ordered, llc = cores.all_cores, cores.llc
-    n = len(ordered)
-    scored = []
-    for start in range(n):
-        have, end = 0, start
-        while end < n:  # need >= 1: callers ask for at least one CPU
-            have += len(ordered[end])
-            end += 1
-            if have >= need:
-                break
-        if have < need:
-            break  # a later start has fewer cores after it
-        window = ordered[start:end]
-        outside = bool(local) and any(c not in local for core in window for c in core)
-        scored.append(((len({llc[core] for core in window}) > 1, outside, start), window))
-    scored.sort(key=lambda item: item[0])
-    return tuple((sum(1 << i for i in range(score[2], score[2] + len(window))),
-                  tuple(sorted([c for core in window for c in core])), _marks(cmap, window))
-                 for score, window in scored)
-
-
-def _marks(cmap: CoreMap, picked: list[Core]) -> tuple[tuple[int, int], ...]:
-    """Per node, the picked cores as its bits (a core listed on two nodes is taken on both)."""
-    out: dict[int, int] = {}
-    for core in picked:
-        for node, bit in cmap.marks.get(core, ()):
-            out[node] = out.get(node, 0) | bit
-    return tuple(out.items())
 
 
 def _nearest_nodes(topology: Topology, home: int | None) -> list[int]:

@@ -22,8 +22,9 @@ How a decision is made:
    must_include GPUs must be among them. When cpus_per_gpu > 0, a node can take only as
    many GPUs as its free whole cores can serve (level 'any' retries without this limit
    and then takes CPUs from the nearest node, marked cpu_fallback).
-2. Search (topod.alloc.search): exact branch and bound over twin classes for the
-   minimum of  cost + 1e-5 x (pairs crossing NUMA nodes) + per-GPU terms:
+2. Search (topod.alloc.viewsearch, over topod.alloc.search): exact branch and bound
+   over twin classes for the minimum of  cost + 1e-5 x (pairs crossing NUMA nodes) +
+   per-GPU terms:
    - packing phi(x) = mean over x's groups (NUMA node, root complex, PCIe switch,
      NVLink island; groups of one GPU ignored) of the share of that group still free.
      Weighted 1e-7 it only breaks ties: among equal-cost sets, take GPUs from partly
@@ -32,7 +33,7 @@ How a decision is made:
    - look-ahead: where the host's census of minimum-cost sets exists (hostview: at most
      CENSUS_LIMIT twin-class mixes, up to about 16 GPUs, and not all sets equal), every
      set within k x 1e-7 of the minimum objective (equal cost, differing only in phi) is
-     listed (search.solve_ties). On hosts of at most packing.SERVABLE_MIXES class mixes
+     listed (ties.solve_ties). On hosts of at most packing.SERVABLE_MIXES class mixes
      (8 GPUs) the one leaving the most requests servable at the host's best wins
      (disjoint host-minimum sets, summed over sizes), then the one that would leave the
      most once any one running lease ends (FreeState.lease_gpus: GPUs a lease holds come
@@ -57,31 +58,29 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from topod.alloc.cores import (CoreMap, assign_auto, assign_cpus, auto_capacity, auto_table, core_map,
-                               fair_share, node_capacity, node_cores, wants_cpus)
-from topod.alloc.errors import (AllocationError, InsufficientCpusError, InsufficientGpusError, InvalidRequestError,
-                                LevelUnreachableError, UnknownGpuError)
+from topod.alloc.cores import assign_auto, assign_cpus, node_capacity, node_cores, wants_cpus
+from topod.alloc.coretables import auto_cap, auto_share, full_shares, view_core_map
+from topod.alloc.eligibility import eligible_gpus, forced_gpus
+from topod.alloc.errors import AllocationError, InsufficientCpusError, InsufficientGpusError, LevelUnreachableError
 from topod.alloc.estimate import weakest
 from topod.alloc.grading import (decision_summary, level_floors, level_of, reference_rate, satisfaction,
                                  set_cost, set_performance)
-from topod.alloc.hostview import DELTA_NODE, HostView, best_set_census, fresh_view, host_view
+from topod.alloc.hostview import HostView, best_set_census, fresh_view, host_view
 from topod.alloc.nics import pair_nics, tie_break_terms
-from topod.alloc.packing import (cheapest_one, free_per_twin, group_kinds, lease_classes, look_ahead, phi_of,
-                                 prepare_servable, weighs_servable)
+from topod.alloc.packing import cheapest_one, group_kinds, lease_classes, phi_of, prepare_servable, weighs_servable
 from topod.alloc.policy import PolicySettings, backpressure_penalty, overload, packing_scale, topology_weight
+from topod.alloc.reference import good_node_limit, reference_set
 from topod.alloc.request import Decision, FreeState, Placement, Request
-from topod.alloc.search import SearchResult, build_problem, one_ties, solve, solve_one, solve_ties
+from topod.alloc.search import SearchResult
+from topod.alloc.viewsearch import DELTA_FRAG, search_view
 from topod.distance import DistanceModel
 from topod.model import Topology
 
 __all__ = ["Assessment", "FreeState", "allocate", "assess", "prepare", "set_cost"]
 
-DELTA_FRAG = 1e-7
 DEFAULT_POLICY = PolicySettings()
-# Memo sizes per host view, divided by its GPUs (an entry grows with them, and a big host
-# repeats a state less often): 2,048 searches and 256 decisions on 8 GPUs, 256 and 32 on 64;
-# under 1 MiB on 8 GPUs and about 2 MiB on 64 after bench/alloc.py's stream.
-SEARCH_MEMO_GPUS = 16_384
+# Decisions kept per host view, divided by its GPUs (sized with the searches,
+# viewsearch.SEARCH_MEMO_GPUS): 256 on 8 GPUs, 32 on 64.
 DECISION_MEMO_GPUS = 2_048
 
 
@@ -125,8 +124,8 @@ def _decide(view: HostView, state: FreeState, request: Request, policy: PolicySe
     reasons: list[str] = []
     if view.n == 0:
         raise InsufficientGpusError("this host has no GPUs", retryable=False)
-    eligible = _eligible(view, request, reasons)
-    must = _must(view, request, eligible)
+    eligible = eligible_gpus(view, request, reasons)
+    must = forced_gpus(view, request, eligible)
     if k > len(eligible):
         raise InsufficientGpusError(f"{k} GPUs requested; this host has {len(eligible)} matching GPUs",
                                     retryable=False)
@@ -138,7 +137,7 @@ def _decide(view: HostView, state: FreeState, request: Request, policy: PolicySe
     if len(free) < k:
         raise InsufficientGpusError(f"{k} GPUs requested; {len(free)} of the {len(eligible)} matching GPUs are free")
     limit = good_node_limit(view, k, eligible, must)
-    ref_cost, ref_members = _reference(view, k, eligible, must, limit, policy.search_budget)
+    ref_cost, ref_members = reference_set(view, k, eligible, must, limit, policy.search_budget)
     scale = packing_scale(tau, view.mean_weight, k) if tau < 1.0 else 0.0
     if scale:
         reasons.append(f"topology weight {tau:.2f} (low priority or short job): fragments preferred")
@@ -164,21 +163,21 @@ def _decide(view: HostView, state: FreeState, request: Request, policy: PolicySe
     unary = None if one else _unary(view, busy, free, weight, nic_terms)
     max_nodes = limit if request.level in ("best", "good") else None
     excluded = set(state.busy_cpus).union(state.reserved_cpus)
-    cmap = _core_map(view)
+    cmap = view_core_map(view)
     auto = request.cpus_per_gpu == "auto"
-    per_gpu = _auto_share(view, cmap, state) if auto else request.cpus_per_gpu
+    per_gpu = auto_share(view, cmap, state) if auto else request.cpus_per_gpu
     node_cap = None
     now = node_cores(topology, excluded, cmap) if wants_cpus(per_gpu) else None  # free cores, once
     if auto and per_gpu:
         # auto gives fewer cores where the empty host cannot give full shares, so its
         # constraint never forces a worse GPU set than the cores of the empty host allow.
-        node_cap = _auto_cap(view, cmap, state, per_gpu, excluded, now)
+        node_cap = auto_cap(view, cmap, state, per_gpu, excluded, now)
     elif wants_cpus(per_gpu):
         capacity = node_capacity(topology, excluded, per_gpu, cmap, now)
         node_cap = {v: capacity.get(v, 0) for v in set(view.node)}
     leases = () if one else _lease_shape(view, state, busy)
     result = (cheapest_one(view, busy, weight, node_cap) if one else
-              _search(view, free, must, unary, node_cap, max_nodes, k, policy.search_budget, busy, leases))
+              search_view(view, free, must, unary, node_cap, max_nodes, k, policy.search_budget, busy, leases))
     if result is None:
         if unary is None:
             unary = _unary(view, busy, free, weight, nic_terms)
@@ -195,7 +194,7 @@ def _decide(view: HostView, state: FreeState, request: Request, policy: PolicySe
         raise LevelUnreachableError(f"the cheapest free set of {k} GPUs costs {cost:.2f}; level 'best' needs "
                                     f"{ref_cost:.2f} (the host's minimum) within {limit} NUMA node(s)")
     gpus = [view.gpus[p] for p in members]
-    if auto and per_gpu and not _full_shares(view, cmap, state, per_gpu, members):
+    if auto and per_gpu and not full_shares(view, cmap, state, per_gpu, members):
         cores = assign_auto(topology, gpus, per_gpu, excluded, set(state.reserved_cpus),
                             allow_fallback=request.level == "any", cmap=cmap)
     else:
@@ -254,11 +253,11 @@ def prepare(topology: Topology, distances: DistanceModel, state: FreeState | Non
     best_set_census(view)
     prepare_servable(view)
     group_kinds(view)
-    cmap = _core_map(view)
-    share = _auto_share(view, cmap, state)
+    cmap = view_core_map(view)
+    share = auto_share(view, cmap, state)
     if share:
-        _full_shares(view, cmap, state, share, [])
-        _auto_cap(view, cmap, state, share, set(state.reserved_cpus))
+        full_shares(view, cmap, state, share, [])
+        auto_cap(view, cmap, state, share, set(state.reserved_cpus))
     if "min_weight" not in view.cache:
         view.cache["min_weight"] = min((w for row in view.weight for w in row if w > 0), default=1.0)
     everyone = list(range(view.n))
@@ -267,7 +266,7 @@ def prepare(topology: Topology, distances: DistanceModel, state: FreeState | Non
                                                           if 1 << b <= view.n), view.n})
     for k in sizes:
         limit = good_node_limit(view, k, everyone, set())
-        _, ref_members = _reference(view, k, everyone, set(), limit, policy.search_budget)
+        _, ref_members = reference_set(view, k, everyone, set(), limit, policy.search_budget)
         level_floors(view, ref_members, limit)
     # The default request of each size (default level, auto cores) decided once in this
     # free state: its search is then memoised and every lazily built table exists.
@@ -325,50 +324,9 @@ def _memory_nodes(gpus, with_gpu_memory: bool) -> tuple[int, ...]:  # noqa: ANN0
     return tuple(sorted(nodes))
 
 
-def _auto_share(view: HostView, cmap: CoreMap, state: FreeState) -> dict[int, int]:
-    """The "auto" fair share depends on the host and the reserved CPUs only: kept per view."""
-    key = ("fair_share", state.reserved_cpus)
-    share = view.cache.get(key)
-    if share is None:
-        share = view.cache[key] = fair_share(view.topology, set(state.reserved_cpus), cmap)
-    return share
-
-
-def _core_map(view: HostView) -> CoreMap:
-    """The topology's core map, kept per view."""
-    cmap = view.cache.get("core_map")
-    if cmap is None:
-        cmap = view.cache["core_map"] = core_map(view.topology)
-    return cmap
-
-
-def _full_shares(view: HostView, cmap: CoreMap, state: FreeState, share: dict[int, int],
-                 members: tuple[int, ...] | list[int]) -> bool:
-    """Whether the empty host's cores give every GPU of the set its full auto share
-    (else topod.alloc.cores.auto_plan degrades it); per node, kept per view."""
-    key = ("full_share_capacity", state.reserved_cpus)
-    capacity = view.cache.get(key)
-    if capacity is None:
-        capacity = view.cache[key] = node_capacity(view.topology, set(state.reserved_cpus), share, cmap)
-    counts: dict[int, int] = {}
-    for p in members:
-        counts[view.node[p]] = counts.get(view.node[p], 0) + 1
-    return all(count <= capacity.get(v, 0) for v, count in counts.items())
-
-
-def _auto_cap(view: HostView, cmap: CoreMap, state: FreeState, share: dict[int, int],
-              excluded: set[int], now=None) -> dict[int, int]:  # noqa: ANN001 - node_cores' mapping
-    key = ("auto_table", state.reserved_cpus)
-    table = view.cache.get(key)
-    if table is None:
-        table = view.cache[key] = auto_table(view.topology, share, set(state.reserved_cpus), view.node_gpus, cmap)
-    capacity = auto_capacity(view.topology, table, excluded, cmap, now)
-    return {v: capacity.get(v, 0) for v in set(view.node)}
-
-
 def _without_cpu_limit(view, free, must, unary, node_cap, max_nodes, k, policy, request, limit, busy,
                        leases) -> SearchResult:
-    relaxed = (_search(view, free, must, unary, None, max_nodes, k, policy.search_budget, busy, leases)
+    relaxed = (search_view(view, free, must, unary, None, max_nodes, k, policy.search_budget, busy, leases)
                if node_cap else None)
     if relaxed is None:
         raise LevelUnreachableError(f"no free set of {k} GPUs meets level '{request.level}': it needs the GPUs "
@@ -393,163 +351,13 @@ def _backpressure(view, free, must, unary, node_cap, max_nodes, k, policy, state
     if not touched:
         return result
     loaded = {p: unary[p] + penalty.get(view.node[p], 0.0) for p in free}
-    moved = _search(view, free, must, loaded, node_cap, max_nodes, k, policy.search_budget, busy, leases)
+    moved = search_view(view, free, must, loaded, node_cap, max_nodes, k, policy.search_budget, busy, leases)
     if moved is None or moved.members == result.members:
         return result
     reasons.append(f"back-pressure: node(s) {', '.join(map(str, touched))} overloaded; moved to "
                    f"{', '.join(str(v) for v in sorted({view.node[p] for p in moved.members}))} "
                    f"within {policy.backpressure_tolerance:.0%} of the best cost")
     return moved
-
-
-def _search(view, candidates, must, unary, node_cap, max_nodes, k, budget,
-            busy: set[int] | None = None, leases: tuple = ()) -> SearchResult | None:
-    """The minimum-objective set; given `busy` (a grant, not a reference), the look-ahead
-    chooses among the equal-cost ones, weighing what each of `leases` (_lease_shape)
-    would give back.
-
-    Memoised per view (SEARCH_MEMO_GPUS / GPUs, oldest out), first by the arguments themselves (the
-    same GPUs free with the same terms and caps, whatever CPUs the leases hold), then by
-    the problem's shape, not its GPUs:
-    per class (static twin, per-GPU term, GPUs free, GPUs forced) in the problem's order,
-    the node caps and limits and, for the look-ahead, the free GPUs per twin class and the
-    leases' classes. Every
-    solver answers with how many GPUs of each class, taken first-listed first, so the
-    same shape gets the same counts whichever twins are free: the memo keeps the counts
-    and maps them onto this problem's GPUs. prepare() fills it for the empty host."""
-    census = best_set_census(view) if busy is not None and DELTA_FRAG * k < DELTA_NODE / 2 else None
-    if k == 1 and not must:
-        if not census:
-            return solve_one(candidates, unary, view.node, node_cap)
-        ties = one_ties(candidates, view.twin, unary, view.node, node_cap, max_nodes, DELTA_FRAG)
-        if ties:
-            return look_ahead(view, census, busy, ties, leases)
-    memo = view.search_memo
-    caps = tuple(sorted(node_cap.items())) if node_cap is not None else None
-    # The same GPUs free with the same terms (the CPUs leases hold differ): no problem to build.
-    exact_key = ("gpus", k, budget, max_nodes, caps, tuple(candidates), frozenset(must),
-                 tuple([unary.get(p, 0.0) for p in candidates]), (frozenset(busy), leases) if census else None)
-    known = memo.get(exact_key)
-    if known is not None:
-        return known or None
-    found = _by_shape(view, census, candidates, must, unary, node_cap, max_nodes, caps, k, budget, busy, leases)
-    memo[exact_key] = found or False
-    if len(memo) > SEARCH_MEMO_GPUS // view.n:
-        del memo[next(iter(memo))]
-    return found
-
-
-def _by_shape(view, census, candidates, must, unary, node_cap, max_nodes, caps, k, budget, busy, leases):
-    """The search by the problem's shape (see _search)."""
-    problem = build_problem(candidates, must, view.twin, view.node, view.search_weight, unary, node_cap, max_nodes)
-    twin = view.twin
-    key = (k, budget, max_nodes, caps,
-           tuple([(twin[group[0]], u, len(group), lo) for group, u, lo in zip(problem.members, problem.unary,
-                                                                                problem.lo)]),
-           (tuple(free_per_twin(view, busy)), leases) if census else None)
-    memo = view.search_memo
-    known = memo.get(key)
-    if known is None:
-        found = _solve(view, census, problem, k, budget, busy, leases)
-        memo[key] = _counts(problem, found) if found is not None else False
-        if len(memo) > SEARCH_MEMO_GPUS // view.n:
-            del memo[next(iter(memo))]
-        return found
-    if known is False:
-        return None
-    counts, objective, exact, visited = known
-    members = sorted(p for group, n in zip(problem.members, counts) if n for p in group[:n])
-    return SearchResult(tuple(members), objective, exact, visited)
-
-
-def _counts(problem, found: SearchResult) -> tuple:  # noqa: ANN001 - search.Problem
-    """A result as GPUs per class of its problem (what the memo keeps)."""
-    where = {p: c for c, group in enumerate(problem.members) for p in group}
-    counts = [0] * len(problem.members)
-    for p in found.members:
-        counts[where[p]] += 1
-    return tuple(counts), found.objective, found.exact, found.visited
-
-
-def _solve(view, census, problem, k, budget, busy, leases) -> SearchResult | None:
-    if census:
-        # phi < 1 per GPU, so sets within DELTA_FRAG x k differ only in the tie-break term
-        ties = solve_ties(problem, k, DELTA_FRAG * k, budget=budget)
-        if ties:
-            return look_ahead(view, census, busy, ties, leases)
-    return solve(problem, k, budget)
-
-
-def _eligible(view: HostView, request: Request, reasons: list[str]) -> list[int]:
-    if not request.model and not request.min_memory_mib:
-        return view.everyone  # no filter: every position (read only)
-    out, skipped = [], []
-    model = request.model.lower() if request.model else None
-    for p, gpu in enumerate(view.gpus):
-        if model is not None and model not in (gpu.name or "").lower():
-            skipped.append(f"{gpu.index} (model {gpu.name!r})")
-        elif request.min_memory_mib and (gpu.memory_total_mib is None or gpu.memory_total_mib < request.min_memory_mib):
-            skipped.append(f"{gpu.index} (memory {gpu.memory_total_mib} MiB)")
-        else:
-            out.append(p)
-    if skipped:
-        reasons.append("filtered out GPU " + ", ".join(skipped))
-    return out
-
-
-def _must(view: HostView, request: Request, eligible: list[int]) -> set[int]:
-    must: set[int] = set()
-    allowed = set(eligible)
-    for item in request.must_include:
-        p = view.resolve(item)
-        if p is None:
-            known = ", ".join(str(g.index) for g in view.gpus)
-            raise UnknownGpuError(f"must_include: no GPU {item!r} on this host (GPUs: {known})")
-        if p not in allowed:
-            raise InvalidRequestError("must_include", f"GPU {view.gpus[p].index} does not match the model/memory "
-                                                      "filter of this request")
-        must.add(p)
-    return must
-
-
-def good_node_limit(view: HostView, k: int, eligible: list[int], must: set[int]) -> int:
-    """The fewest NUMA nodes a k-set can span on the empty host (see 'good')."""
-    key = ("node_limit", k) if not must and len(eligible) == view.n else None
-    if key is not None and key in view.cache:
-        return view.cache[key]
-    limit = _node_limit(view, k, eligible, must)
-    if key is not None:
-        view.cache[key] = limit
-    return limit
-
-
-def _node_limit(view: HostView, k: int, eligible: list[int], must: set[int]) -> int:
-    per_node: dict[int, int] = {}
-    for p in eligible:
-        per_node[view.node[p]] = per_node.get(view.node[p], 0) + 1
-    forced = {view.node[p] for p in must}
-    total = sum(per_node[v] for v in forced)
-    count = len(forced)
-    for size in sorted((c for v, c in per_node.items() if v not in forced), reverse=True):
-        if total >= k:
-            break
-        total += size
-        count += 1
-    return max(count, 1)
-
-
-def _reference(view: HostView, k: int, eligible: list[int], must: set[int], limit: int,
-               budget: int) -> tuple[float, tuple[int, ...]]:
-    key = ("ref", k, None if len(eligible) == view.n else tuple(eligible), tuple(sorted(must)))
-    cached = view.cache.get(key)
-    if cached is None:
-        found = _search(view, eligible, must, {}, None, limit, k, budget)
-        members = found.members if found else ()
-        cached = (set_cost(view, list(members)) if found else float("inf"), members)
-        if len(view.cache) > 4096:
-            view.cache.clear()
-        view.cache[key] = cached
-    return cached
 
 
 @dataclass(frozen=True, slots=True)
@@ -568,7 +376,7 @@ def assess(topology: Topology, distances: DistanceModel, gpus: list[int]) -> Ass
     k = len(members)
     everyone = list(range(view.n))
     limit = good_node_limit(view, k, everyone, set())
-    ref_cost, ref_members = _reference(view, k, everyone, set(), limit, DEFAULT_POLICY.search_budget)
+    ref_cost, ref_members = reference_set(view, k, everyone, set(), limit, DEFAULT_POLICY.search_budget)
     cost = set_cost(view, members)
     pair = weakest(members, view.bandwidth)
     rate = view.bandwidth[pair[0]][pair[1]] / reference_rate(view, ref_members) if pair else 1.0

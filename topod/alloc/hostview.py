@@ -45,7 +45,7 @@ class HostView:
     mean_weight: float
     node_gpus: dict[int, int]  # node -> GPUs on it
     cache: dict = field(default_factory=dict)  # reference results (engine.py)
-    search_memo: dict = field(default_factory=dict)  # search arguments -> result (engine._search)
+    search_memo: dict = field(default_factory=dict)  # search arguments -> result (viewsearch.search_view)
     decision_memo: dict = field(default_factory=dict)  # request, policy, free state -> Decision (engine.allocate)
     everyone: list[int] = field(default_factory=list)  # every position: an unfiltered request's candidates
 

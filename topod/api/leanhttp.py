@@ -37,17 +37,11 @@ from typing import Any
 import httptools
 from aiohttp.helpers import parse_content_type
 
+from topod.api.answers import error_document
+from topod.api.answers import dumps as json_dumps
 from topod.api.body import parse_body
-from topod.api.peer import caller_async, caller_now, peer_credentials
-from topod.api.server import (
-    PeerDeniedError,
-    check_declared_size,
-    error_document,
-    lease_text,
-    max_body_bytes,
-    released_text,
-)
-from topod.api.server import dumps as json_dumps
+from topod.api.peer import PeerDeniedError, caller_async, caller_now, peer_credentials
+from topod.api.server import check_declared_size, lease_text, max_body_bytes, released_text
 
 # aiohttp refuses a request line or a header field over 8,190 bytes; a head that comes
 # near it goes to aiohttp, which answers as it always has.

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from topod.api.server import BACKEND, caller, json_response, read_json
+from topod.api.answers import json_response
+from topod.api.server import BACKEND, caller, read_json
 
 
 async def place_in_scope(request: web.Request) -> web.Response:

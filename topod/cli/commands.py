@@ -7,6 +7,10 @@ an error at the top level, whose usage lists every command, is then told by the 
 parser (`WholeParserNeeded`). `build_parser()` builds all of them (help, completion
 scripts, man pages).
 
+The value types of options (topod.cli.option_values) and a lease request's options
+(topod.cli.request_options) are imported by the commands that take them, when their
+parser is made.
+
 Global options (`--socket`, `--json`, `--root`) are accepted before or after the command:
 the top-level parser holds their defaults, and each subcommand adds them again with
 SUPPRESS defaults so that a value given after the command wins and an absent one does
@@ -113,10 +117,12 @@ def _irq_common(p: argparse.ArgumentParser) -> None:
 
 
 def _irq(p: argparse.ArgumentParser) -> None:
+    from topod.cli.option_values import seconds
+
     sub = _sub(p, "irq_command", "SUBCOMMAND")
     plan = _leaf(sub, "plan", "show where each device IRQ would go, and why (writes nothing)")
     _irq_common(plan)
-    plan.add_argument("--interval", type=_seconds, default=0.0, metavar="SECONDS",
+    plan.add_argument("--interval", type=seconds, default=0.0, metavar="SECONDS",
                       help="sample counters this many seconds to plan with measured load (default: counts only)")
     _handler(plan, "topod.cli.irq_cmd:run_plan")
     apply = _leaf(sub, "apply", "run one balancing cycle")
@@ -133,20 +139,12 @@ def _irq(p: argparse.ArgumentParser) -> None:
 
 
 def _links(p: argparse.ArgumentParser) -> None:
+    from topod.cli.option_values import positive_int
+
     p.add_argument("--backend", default="host-memory",
                    help="host-memory | cuda | simulated:<ground-truth table file>; default host-memory")
-    p.add_argument("--rounds", type=_positive_int, default=3, help="probe cycles to run; default 3")
+    p.add_argument("--rounds", type=positive_int, default=3, help="probe cycles to run; default 3")
     _handler(p, "topod.cli.links_cmd:run_links")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from exc
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
 
 
 def _export(p: argparse.ArgumentParser) -> None:
@@ -207,11 +205,13 @@ def _export(p: argparse.ArgumentParser) -> None:
 
 
 def _doctor(p: argparse.ArgumentParser) -> None:
+    from topod.cli.option_values import seconds
+
     p.add_argument("--pid", type=int, action="append", default=None, metavar="PID",
                    help="process to check (repeatable); default: every process holding a GPU open")
     p.add_argument("--lease", action="append", default=None, metavar="ID",
                    help="check the processes of this lease (repeatable; needs lease data)")
-    p.add_argument("--irq-interval", type=_seconds, default=0.0, metavar="SECONDS",
+    p.add_argument("--irq-interval", type=seconds, default=0.0, metavar="SECONDS",
                    help="sample /proc/interrupts twice this far apart to measure IRQ rates "
                         "(default 0: judge IRQs by affinity only)")
     p.add_argument("--leases-file", default=None, metavar="FILE",
@@ -223,30 +223,10 @@ def _doctor(p: argparse.ArgumentParser) -> None:
 
 
 # -- daemon commands ---------------------------------------------------------------------
-def _request_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--gpus", type=int, required=True, help="number of GPUs")
-    p.add_argument("--level", choices=("best", "good", "any"), default=None,
-                   help="topology level to reach (default: the daemon's, good)")
-    p.add_argument("--priority", type=int, default=None, help="higher is served first and may preempt")
-    p.add_argument("--cpus-per-gpu", type=_cpus_per_gpu, default=None,
-                   help="CPUs leased beside each GPU: a number or 'auto' (default: the daemon's [alloc] "
-                        "cpus_per_gpu, auto = each GPU's fair share of its node's whole cores)")
-    p.add_argument("--must-include", type=_gpu_names, default=None, metavar="GPUS",
-                   help="comma-separated GPU indices, PCI addresses or UUIDs")
-    p.add_argument("--min-memory-mib", type=int, default=None, help="only GPUs with at least this memory")
-    p.add_argument("--nics-per-gpu", type=int, default=None, metavar="N",
-                   help="RDMA NIC ports each GPU must get, nearest first (default: the nearest one where there "
-                        "is one; 0: none)")
-    p.add_argument("--model", default=None, help="GPU model substring")
-    p.add_argument("--preemptible", action="store_true", help="a higher-priority request may preempt this lease")
-    p.add_argument("--ttl", type=_seconds, default=None, metavar="SECONDS", help="lease ends after this many seconds")
-    p.add_argument("--wait", type=_seconds, default=0.0, metavar="SECONDS",
-                   help="queue up to this many seconds (0 = fail fast)")
-    p.add_argument("--job", default=None, help="free-form job label")
-
-
 def _allocate(p: argparse.ArgumentParser) -> None:
-    _request_args(p)
+    from topod.cli.request_options import request_args
+
+    request_args(p)
     p.add_argument("--owner-pid", type=int, default=None, metavar="PID", help="lease ends when this process exits")
     _handler(p, "topod.cli.lease_cmd:run_allocate")
 
@@ -268,8 +248,10 @@ def _scope(p: argparse.ArgumentParser) -> None:
 
 
 def _renew(p: argparse.ArgumentParser) -> None:
+    from topod.cli.option_values import seconds
+
     p.add_argument("lease", help="lease id")
-    p.add_argument("--ttl", type=_seconds, default=None, metavar="SECONDS", help="new ttl (default: the lease's)")
+    p.add_argument("--ttl", type=seconds, default=None, metavar="SECONDS", help="new ttl (default: the lease's)")
     _handler(p, "topod.cli.lease_cmd:run_renew")
 
 
@@ -278,10 +260,12 @@ def _leases(p: argparse.ArgumentParser) -> None:
 
 
 def _watch(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--count", type=_count, default=0, help="stop after this many (matching) events (0: no limit)")
+    from topod.cli.option_values import count, seconds
+
+    p.add_argument("--count", type=count, default=0, help="stop after this many (matching) events (0: no limit)")
     p.add_argument("--event", action="extend", nargs="+", default=None, metavar="NAME",
                    help="only these events, e.g. --event lease_granted lease_released (repeatable)")
-    p.add_argument("--reconnect-timeout", type=_seconds, default=300.0, metavar="SECONDS",
+    p.add_argument("--reconnect-timeout", type=seconds, default=300.0, metavar="SECONDS",
                    help="when the daemon goes away (restart, stop), keep trying to reconnect this long, "
                         "then exit 75; 0: exit 75 at once (default 300)")
     _handler(p, "topod.cli.watch_cmd:run_watch")
@@ -296,7 +280,9 @@ def _reload(p: argparse.ArgumentParser) -> None:
 
 
 def _run(p: argparse.ArgumentParser) -> None:
-    _request_args(p)
+    from topod.cli.request_options import request_args
+
+    request_args(p)
     p.add_argument("--journal", action="store_true",
                    help="the command's stdout and stderr go to the journal, under its lease's scope "
                         "(journalctl -u topod-lease-ID.scope); an error where no journald runs")
@@ -305,7 +291,9 @@ def _run(p: argparse.ArgumentParser) -> None:
 
 
 def _bind(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--rank", type=_count, default=None, help="local rank (default: $LOCAL_RANK, "
+    from topod.cli.option_values import count
+
+    p.add_argument("--rank", type=count, default=None, help="local rank (default: $LOCAL_RANK, "
                    "$OMPI_COMM_WORLD_LOCAL_RANK, $SLURM_LOCALID)")
     p.add_argument("--gpu-memory", action="store_true", help="also bind memory to the GPU's own memory node")
     p.add_argument("--verbose", "-v", action="store_true", help="say the binding on stderr")
@@ -405,51 +393,3 @@ def build_parser(argv: Sequence[str] | None = None, *, every_command: bool = Fal
             _globals(sub, command.host_side)
             command.populate(sub)
     return parser
-
-
-MAX_SECONDS = 1e8  # ~3 years; timers overflow the platform's time_t far above it (1e300 does)
-
-
-def _seconds(text: str) -> float:
-    """A duration: a finite number from 0 to MAX_SECONDS (argparse's float takes 'inf',
-    'nan' and 1e300, which time.sleep and socket timeouts refuse with a traceback)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if value != value or value in (float("inf"), float("-inf")):
-        raise argparse.ArgumentTypeError(f"expected a finite number of seconds, got {text!r}")
-    if not 0 <= value <= MAX_SECONDS:
-        raise argparse.ArgumentTypeError(f"must be from 0 to {MAX_SECONDS:.0f} seconds, got {text!r}")
-    return value
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0 (0: no limit), got {value}")
-    return value
-
-
-def _gpu_names(text: str) -> list[int | str]:
-    """'0,3' or '0000:17:00.0,GPU-8f1...': indices as numbers, addresses and UUIDs as given
-    (the daemon checks that each names one of its GPUs)."""
-    names = [part.strip() for part in text.split(",")]
-    if not all(names):
-        raise argparse.ArgumentTypeError(f"expected comma-separated GPU indices, PCI addresses or UUIDs, got {text!r}")
-    return [int(name) if name.isdecimal() else name for name in names]
-
-
-def _cpus_per_gpu(text: str) -> int | str:
-    if text == "auto":
-        return text
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of CPUs or 'auto', got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError("must be >= 0")
-    return value

@@ -2,7 +2,8 @@
 runs supervised (a failing iteration is logged once, retried with backoff and shown in
 health and STATUS=, never fatal); discovery, /proc and /sys, SQLite, NVML, file exports
 and name-service lookups run in worker threads. HostState owns the host's state, the
-LeaseService the leases; tasks are told of changes through listeners.
+LeaseService the leases; tasks are told of changes through listeners. Its mixins: the
+loops (topod.service.daemon_loops) and what it reports (topod.service.daemon_reports).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import signal
 import socket
 import sys
 import time
-from typing import Any
 
 import structlog
 
@@ -20,11 +20,12 @@ from topod import __version__
 from topod.alloc.request import parse_pid_max
 from topod.api.peer import group_id
 from topod.config import Config, cpus, load_config
-from topod.errors import ConfigError, UnavailableError
+from topod.errors import ConfigError
 from topod.events import EventBus
 from topod.host import HostRoot
 from topod.service.container import detect_container, irq_writes_withheld
 from topod.service.daemon_loops import DaemonLoops
+from topod.service.daemon_reports import DaemonReports
 from topod.discover.memo import DiscoveryMemo
 from topod.service.heap import freeze_long_lived
 from topod.service.hotplug import HotplugSource, discover_checked
@@ -38,13 +39,11 @@ from topod.service.state import HostState
 from topod.service.statelock import StateDirLock
 from topod.service.topology_body import TopologyBody
 from topod.service.watchdog import Supervisor
-from topod.topojson import topology_to_json
 
 log = structlog.get_logger("topod")
 
 GIL_SWITCH_SECONDS = 0.0005
 LOG_OWN_FIELDS = frozenset({"level", "timestamp", "logger", "exception", "exc_info"})
-PROBE_STARTING = "link probing is starting (its setup has not finished); try again in a moment"
 LEASE_EVENTS = ("lease_granted", "lease_released", "lease_revoked")
 # Events that are more than information in the journal (PRIORITY= follows the level).
 EVENT_LEVELS = {"loop_failed": "error", "lease_degraded": "warning", "config_rejected": "error",
@@ -53,7 +52,7 @@ EVENT_LEVELS = {"loop_failed": "error", "lease_degraded": "warning", "config_rej
                 "irq_writes_impossible": "warning", "irq_move_failed": "warning"}
 
 
-class Daemon(DaemonLoops):
+class Daemon(DaemonReports, DaemonLoops):
     def __init__(self, config: Config, *, config_path: str | None = None) -> None:
         self.config = config
         self.config_path = config_path
@@ -181,140 +180,6 @@ class Daemon(DaemonLoops):
     async def reload_config(self) -> dict:
         """The API's reload (root only, checked by the route): the verdict SIGHUP logs."""
         return await self._reload_safely()
-
-    # -- the Backend the API calls ------------------------------------------------
-    def topology_json(self) -> dict:
-        doc = topology_to_json(self.state.topology, self.state.distances)
-        doc["cluster"] = dict(self.config.section("cluster"))
-        doc["leased_gpus"] = sorted(self.alloc.leased_gpus())
-        return doc
-
-    async def topology_body(self) -> bytes:
-        """GET /v1/topology: the encoding of the current topology version, built once in a
-        worker thread (TopologyBody), with the leased GPUs of this moment."""
-        return await self._topology_body.body(list(self.alloc.leased_gpus()))
-
-    def lease_json(self, lease) -> dict:  # noqa: ANN001 - Lease
-        return self.store.json_of(lease)
-
-    def lease_text(self, lease) -> str | None:  # noqa: ANN001 - Lease
-        return self.store.answer_text(lease)
-
-    def degraded(self) -> list[str]:
-        """Why the daemon is not fully well, one line each (empty: it is)."""
-        now = time.monotonic()
-        reasons = [f"loop {name} stalled" for name in self.supervisor.stalled(now)]
-        reasons += [f"loop {name} failing: {error}" for name, error in self.supervisor.failing().items()]
-        if self.config_error:
-            reasons.append(f"config rejected: {self.config_error}")
-        store_problem = self.store.problem()
-        if store_problem:
-            reasons.append(store_problem)
-        refused = self.api_gate.refused_recently() if self.api_gate is not None else None
-        if refused:
-            reasons.append(refused)
-        degraded_leases = [lease.id for lease in self.alloc.leases() if lease.missing_gpus]
-        if degraded_leases:
-            reasons.append(f"lease(s) with missing GPUs: {', '.join(degraded_leases)}")
-        irq = self.irq.health() if self.irq is not None else {}
-        if irq.get("writable") is False:
-            reasons.append(f"IRQ affinity not writable: {irq.get('last_error')}")
-        return reasons
-
-    def health(self) -> dict:
-        now = time.monotonic()
-        degraded = self.degraded()
-        return {
-            "status": "degraded" if degraded else "ok",
-            "degraded": degraded,
-            "version": __version__,
-            "root": str(self.host.root),
-            "uptime_seconds": round(time.time() - self.started, 3),
-            "leases": len(self.alloc.leases()),
-            "waiting": len(self.alloc.waiters),
-            "gpus": len(self.state.topology.gpus),
-            "gpus_free": self.alloc.free_gpus(),
-            "config_error": self.config_error,
-            "hotplug": self.hotplug.to_json() if self.hotplug is not None else {"active": False, "mode": "starting"},
-            "irq": {**(self.irq.health() if self.irq is not None else
-                       self._irq_starting() if self._setting_up("irq") else {"mode": "off"}),
-                    "withheld": self.irq_withheld},
-            "container": self.container,
-            "enforcement": self.enforcement.to_json(),
-            "isolation": self.isolate.health(),
-            "scopes": self.scopes.health(),
-            "loops": self.supervisor.report(now),
-            "commits": {"transactions": self.store.commits, "changes": self.store.changes,
-                        "on_loop": self.store.writer.loop_commits},
-        }
-
-    async def irq_report(self) -> dict:
-        if self.irq is None:
-            if self._setting_up("irq"):
-                return self._irq_starting()
-            return {"mode": "off", "reason": "IRQ balancing not enabled ([irq] mode = \"off\")"}
-        report = await self.irq.report()
-        if self.irq_withheld:
-            report = {**report, "withheld": self.irq_withheld}
-        return report
-
-    def links_report(self) -> dict:
-        if self.probe is None:
-            if self._setting_up("probe"):
-                return {"enabled": True, "starting": True, "reason": self._starting_reason("probe", PROBE_STARTING),
-                        "links": []}
-            return {"enabled": False, "reason": "link probing is disabled ([probe] enabled = false)", "links": []}
-        return self.probe.report()
-
-    def telemetry(self, body: Any, caller: Any = None) -> dict:
-        if self.probe is None:
-            if self._setting_up("probe"):
-                raise UnavailableError(self._starting_reason("probe", PROBE_STARTING))
-            raise UnavailableError("link probing is disabled ([probe] enabled = false)")
-        authorize = None if caller is None else self.alloc.telemetry_authority(caller)
-        return self.probe.telemetry(body, authorize)
-
-    def _irq_starting(self) -> dict:
-        return {"mode": self.irq_section()["mode"], "starting": True,
-                "reason": self._starting_reason("irq", "IRQ balancing is starting")}
-
-    def _starting_reason(self, name: str, starting: str) -> str:
-        """A setup that keeps failing is retried with backoff: say why, not just 'starting'."""
-        error = self.supervisor.failing().get(name)
-        return f"{name} setup failing, retried with backoff: {error}" if error else starting
-
-    def _setting_up(self, name: str) -> bool:
-        """The config wants loop `name` and its setup has not finished (the API answers
-        from the moment the socket is bound; a loop's setup may take a moment or retry)."""
-        task = self._loops.get(name)
-        return task is not None and not task.done()
-
-    def metrics_text(self) -> str:
-        from topod.service.metrics_feed import render_metrics
-
-        return render_metrics(self)
-
-    def status_line(self) -> str:
-        total = len(self.state.topology.gpus)
-        parts = [f"{len(self.alloc.leases())} lease(s)", f"{self.alloc.free_gpus()}/{total} GPU(s) free"]
-        if self.alloc.waiters:
-            parts.append(f"{len(self.alloc.waiters)} waiting")
-        if self.irq is not None:
-            parts.append(self.irq.status())
-        if self.irq_withheld:
-            parts.append(f"IRQ writes withheld: container {self.container}")
-        degraded = self.supervisor.degraded_text()
-        if degraded:
-            parts.append(degraded)
-        missing = sum(1 for lease in self.alloc.leases() if lease.missing_gpus)
-        if missing:
-            parts.append(f"{missing} lease(s) degraded (GPU gone)")
-        store_problem = self.store.problem()
-        if store_problem:  # failing writes, a stalled write, a lost database: the store says which
-            parts.append(store_problem)
-        if self.config_error:
-            parts.append(f"config rejected: {self.config_error}")
-        return "; ".join(parts)
 
     # -- events -------------------------------------------------------------------
     def _log_event(self, record: dict) -> None:

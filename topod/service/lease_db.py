@@ -24,8 +24,8 @@ import sqlite3
 import stat
 from pathlib import Path
 
+from topod.cappedread import file_kind
 from topod.errors import TopodError
-from topod.host import file_kind
 from topod.service.lease import Lease
 
 SCHEMA = """

@@ -1,13 +1,14 @@
 """The lease service: the engine's decisions carried out on durable leases.
 
 Pure decisions come from topod.alloc (engine, policy, preemption); this shell owns
-granting: parsing a request, the decision, the grant and its delivery, the waiting queue
-and gentle preemption. What happens to a lease after its grant (release, revoke, renewal,
-expiry, owner-process watching, recovery, the leases' fate when hardware changes) is
-topod.service.lease_lifecycle's mixin. Every change goes through the LeaseStore, whose group commit
-resolves a future once the change is on disk: callers answer only after it. A waiting
-request belongs to its connection: when the client goes, so does the request, and a
-grant made in that instant is taken back.
+granting: parsing a request, the decision, the grant and its delivery. Its mixins hold
+the rest: the environment a lease comes with (topod.service.lease_environment), a request
+that waits (topod.service.lease_waiting: the queue, gentle preemption), and what happens to
+a lease after its grant (topod.service.lease_lifecycle: release, revoke, renewal, expiry,
+owner-process watching, recovery, the leases' fate when hardware changes). Every change
+goes through the LeaseStore, whose group commit resolves a future once the change is on
+disk: callers answer only after it. A waiting request belongs to its connection: when
+the client goes, so does the request, and a grant made in that instant is taken back.
 """
 
 from __future__ import annotations
@@ -15,26 +16,24 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any, Protocol
 
 import structlog
 
 from topod.alloc.errors import InvalidRequestError
-from topod.alloc.nics import nic_environment
 from topod.alloc.policy import PolicySettings
 from topod.alloc.request import PID_MAX_LIMIT, FreeState, RequestLimits, ServiceRequest
 from topod.api.peer import Caller
-from topod.cpulist import format_cpulist
 from topod.enforce import lease_mode
 from topod.errors import AllocationError, TopodError
 from topod.events import EventBus
 from topod.service.lease import DecisionMemo, Lease, new_id
+from topod.service.lease_environment import LeaseEnvironment
 from topod.service.lease_lifecycle import LeaseLifecycle
-from topod.service.lease_queue import (WAITABLE_CODES, QueuedRequestError, QueueFullError, Queued, Waiter,
-                                       WaitTimeoutError, serving_order, withdraw)
+from topod.service.lease_queue import WAITABLE_CODES, Queued, Waiter
 from topod.service.lease_rules import PermissionDeniedError, authorize_request, telemetry_authority
 from topod.service.lease_store import LeaseStore, LeaseStoreError
+from topod.service.lease_waiting import LeaseWaiting
 from topod.service.owner import OwnerWatch, process_exists, process_start_time
 from topod.service.state import HostState
 
@@ -54,7 +53,7 @@ def _always_connected() -> bool:
     return True
 
 
-class LeaseService(LeaseLifecycle):
+class LeaseService(LeaseEnvironment, LeaseWaiting, LeaseLifecycle):
     def __init__(self, state: HostState, store: LeaseStore, bus: EventBus, settings: dict[str, Any],
                  reserved_cpus: set[int], clock: Callable[[], float] = time.time, pid_max: int = PID_MAX_LIMIT) -> None:
         self.pid_max = pid_max
@@ -238,49 +237,12 @@ class LeaseService(LeaseLifecycle):
         self._count("failed", getattr(exc, "code", "error"))
         log.error("lease_not_stored", lease=lease.id, error=str(exc))
 
-    def environment(self, lease: Lease) -> dict[str, str]:
-        """What a job needs to use its lease: devices, CPUs, memory nodes. All but the
-        lease's own id and files follow from its decision on this topology: built once
-        per decision the engine's memo gives again."""
-        env = dict(self._environments.get(lease.decision, (lease.gpu_uuids, self.topology),
-                                          lambda: self._decision_environment(lease)))
-        env["TOPOD_LEASE"] = lease.id  # in its place: a dict keeps the order of its keys
-        if self.files is not None:
-            env.update(self.files.lease_environment(lease))
-        return env
-
-    def _decision_environment(self, lease: Lease) -> dict[str, str]:
-        placements = lease.decision.placements
-        uuids = [u for u in lease.gpu_uuids if u]
-        visible = uuids if len(uuids) == len(placements) else [str(p.index) for p in placements]
-        env = {
-            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-            "CUDA_VISIBLE_DEVICES": ",".join(visible),
-            "TOPOD_LEASE": lease.id,
-            "TOPOD_GPUS": ",".join(map(str, lease.gpus)),
-            "TOPOD_CPUS": format_cpulist(lease.cpus),
-            "TOPOD_MEMORY_NODES": ",".join(map(str, lease.memory_nodes)),
-            "TOPOD_GPU_CPUS": ";".join(f"{p.index}:{format_cpulist(p.cpus)}" for p in placements),
-            "TOPOD_GPU_NODES": ";".join(f"{p.index}:{'' if p.numa_node is None else p.numa_node}"
-                                        for p in placements),
-        }
-        gpu_memory = {p.index: self._gpu_memory_node(p.index, p.address) for p in placements}
-        if any(node is not None for node in gpu_memory.values()):
-            env["TOPOD_GPU_MEMORY_NODES"] = ";".join(f"{index}:{'' if node is None else node}"
-                                                     for index, node in gpu_memory.items())
-        env.update(nic_environment(placements))
-        return env
-
     def _authorize(self, service: ServiceRequest, request, caller: Caller) -> None:
         authorize_request(service, request, caller, int(self.settings.get("max_priority_non_root", 0)))
 
     def telemetry_authority(self, caller: Caller) -> Callable[[Any], None] | None:
         """topod.service.lease_rules.telemetry_authority over the current leases."""
         return telemetry_authority(caller, self.store.all())
-
-    def _gpu_memory_node(self, index: int, address: str) -> int | None:
-        gpu = self._gpus_by_index().get(index)
-        return gpu.memory_numa_node if gpu is not None and gpu.address == address else None
 
     async def allocate(self, body: Any, caller: Caller, connected: Callable[[], bool] = _always_connected) -> Lease:
         return await self.finish_allocation(self.start_allocation(body, caller), caller, connected)
@@ -385,97 +347,6 @@ class LeaseService(LeaseLifecycle):
             return
         commit = self.store.confirm(lease.id)
         self._after(commit, None, lambda exc: log.error("lease_not_stored", lease=lease.id, error=str(exc)))
-
-    async def _wait(self, request, service: ServiceRequest, caller: Caller, connected: Callable[[], bool],
-                    recheck: bool = False) -> Lease:
-        if len(self.waiters) >= int(self.settings.get("max_queue", 256)):
-            raise self._refuse("queue_full", QueueFullError(f"{len(self.waiters)} requests already waiting; "
-                                                            "try again later"), caller, gpus=request.gpus, job=request.job)
-        waiter = Waiter(request, service, caller, self.clock(), asyncio.get_running_loop().create_future(), connected)
-        self.waiters.append(waiter)
-        self.bus.publish("request_queued", request=waiter.id, gpus=request.gpus, priority=request.priority,
-                         uid=caller.uid, job=request.job, wait=service.wait_seconds)
-        if recheck:
-            self.process_queue()
-        if not waiter.future.done():
-            self._maybe_preempt(waiter)
-        try:
-            async with asyncio.timeout(service.wait_seconds):
-                lease, commit = await asyncio.shield(waiter.future)
-        except TimeoutError:
-            # The deadline and a grant can meet: process_queue may have granted in the very
-            # step the timeout fired. Withdrawing and reading the grant is one step (no await
-            # between them), so either the waiter is withdrawn and refused, or it was granted
-            # and this still-connected client is told so: never a lease nobody was told of.
-            granted = withdraw(waiter)
-            if granted is None:
-                self._drop_waiter(waiter)
-                raise self._refuse("timeout", WaitTimeoutError(f"no GPUs became available within "
-                                                               f"{service.wait_seconds:g} s"), caller,
-                                   gpus=request.gpus, job=request.job, request=waiter.id) from None
-            lease, commit = granted
-        except BaseException as exc:
-            # The client hung up (cancelled) or the request failed: a grant made for it in
-            # the meantime is taken back.
-            granted = withdraw(waiter)
-            if granted is not None:
-                self._take_back(granted[0])
-            self._drop_waiter(waiter)
-            if isinstance(exc, asyncio.CancelledError):
-                self._count("abandoned", "client_disconnected")
-                self.bus.publish("request_abandoned", request=waiter.id, reason="client disconnected")
-            raise
-        self._drop_waiter(waiter)
-        return await self._deliver(lease, commit)
-
-    def _drop_waiter(self, waiter: Waiter) -> None:
-        if waiter in self.waiters:
-            self.waiters.remove(waiter)
-        for lease_id in waiter.victims:
-            lease = self.store.get(lease_id)
-            if lease is not None and lease.state == "preempting":
-                self._update(replace(lease, state="active", preempt_deadline=None))
-                self.bus.publish("preemption_cancelled", lease=lease_id, request=waiter.id)
-        waiter.victims = ()
-
-    def process_queue(self) -> None:
-        """Grant waiting requests that now fit, highest effective priority first; only to
-        clients still connected."""
-        now = self.clock()
-        for waiter in serving_order(self.waiters, now, self.policy):
-            if waiter.future.done():
-                continue
-            if not waiter.connected():
-                waiter.future.cancel()
-                continue
-            try:
-                decision = self.decide(waiter.request, waited=now - waiter.enqueued,
-                                       ttl_seconds=waiter.service.ttl_seconds)
-                lease, commit = self._grant(waiter.request, decision, waiter.service, waiter.caller)
-            except AllocationError:
-                continue
-            except Exception as exc:  # noqa: BLE001 - one waiter's fault is its own, never the releasing client's
-                log.error("queued_request_failed", request=waiter.id, error=f"{type(exc).__name__}: {exc}")
-                waiter.future.set_exception(exc if isinstance(exc, TopodError) else
-                                            QueuedRequestError(f"the queued request failed: {type(exc).__name__}: "
-                                                               f"{exc}"))
-                continue
-            waiter.victims = ()
-            waiter.future.set_result((lease, commit))
-
-    def _maybe_preempt(self, waiter: Waiter) -> None:
-        from topod.alloc.preemption import plan_preemption
-
-        victims = plan_preemption(self.topology, self.distances, self.free_state(), waiter.request,
-                                  [lease for lease in self.store.all() if lease.state == "active"], self.policy)
-        if not victims:
-            return
-        deadline = self.clock() + float(self.settings.get("preemption_grace_seconds", 300.0))
-        for lease in victims:
-            self._update(replace(lease, state="preempting", preempt_deadline=deadline))
-            self.bus.publish("preemption_requested", lease=lease.id, deadline=deadline, request=waiter.id,
-                             gpus=list(lease.gpus), uid=lease.owner_uid)
-        waiter.victims = tuple(lease.id for lease in victims)
 
     # -- ending and changing leases ------------------------------------------------
     def _refuse(self, result: str, error: TopodError, caller: Caller, **fields: Any) -> TopodError:

@@ -27,8 +27,9 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
+from topod.api.answers import HTTP_CODES, error_response, internal_error
 from topod.api.peer import peer_uid
-from topod.api.server import HTTP_CODES, error_response, internal_error, routes
+from topod.api.server import routes
 from topod.config import Config, parse_listen_address
 from topod.service.connection_gate import (ACCEPT_BATCH, LINGER_BUDGET, REFUSAL, REFUSAL_LINGER_SECONDS, REFUSALS,
                                           RESERVED_DESCRIPTORS, ConnectionGate, descriptor_limit)

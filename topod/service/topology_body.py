@@ -24,7 +24,7 @@ Version = tuple[Any, Any, dict]
 
 
 def _encode(value: Any) -> str:
-    from topod.api.server import dumps
+    from topod.api.answers import dumps
 
     return dumps(value)
 
