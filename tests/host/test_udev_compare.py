@@ -1,5 +1,6 @@
-"""The pure half of topod.discover.udev: path parsing, the sysfs/udev comparison, the
-debouncer, settings, and what happens off the live root (no pyudev needed)."""
+"""The pure half of topod.discover.udev and topod.discover.udev_check: path parsing, the
+sysfs/udev comparison, the debouncer, settings, and what happens off the live root (no
+pyudev needed)."""
 
 from __future__ import annotations
 
@@ -10,18 +11,8 @@ import sys
 import pytest
 
 from topod.discover import discover
-from topod.discover.udev import (
-    NOT_LIVE,
-    ChangeDebouncer,
-    UdevDevice,
-    UdevEvent,
-    UdevSettings,
-    compare,
-    cross_check,
-    direct_pci_parent,
-    nearest_pci_address,
-    start_watcher,
-)
+from topod.discover.udev import NOT_LIVE, ChangeDebouncer, UdevEvent, UdevSettings, nearest_pci_address, start_watcher
+from topod.discover.udev_check import UdevDevice, compare, cross_check, direct_pci_parent
 from topod.errors import ConfigError
 from topod.host import HostRoot
 from topod.hostspec import build_host, load_builtin_spec
@@ -213,7 +204,7 @@ def test_udev_module_does_not_import_pyudev_until_used(built):
     root = built("vm-nogpu")[0].root
     code = (
         "import sys; from topod.discover import discover; from topod.host import HostRoot; "
-        "from topod.discover.udev import cross_check, start_watcher; "
+        "from topod.discover.udev import start_watcher; from topod.discover.udev_check import cross_check; "
         f"h = HostRoot({str(root)!r}); cross_check(h, discover(h, live_nvml=False)); start_watcher(h); "
         "print('pyudev' in sys.modules)"
     )

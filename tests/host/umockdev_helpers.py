@@ -172,14 +172,14 @@ def _findings(check) -> list[dict]:
 def scenario_enumerate(tree: Path, testbed) -> dict:
     from dataclasses import asdict
 
-    from topod.discover.udev import enumerate_udev
+    from topod.discover.udev_check import enumerate_udev
 
     return {"devices": [asdict(d) for d in enumerate_udev()]}
 
 
 def scenario_cross_check_clean(tree: Path, testbed) -> dict:
     from topod.discover import discover
-    from topod.discover.udev import cross_check
+    from topod.discover.udev_check import cross_check
     from topod.host import HostRoot
 
     host = HostRoot("/")
@@ -192,7 +192,7 @@ def scenario_cross_check_clean(tree: Path, testbed) -> dict:
 def scenario_cross_check_injected(tree: Path, testbed) -> dict:
     """Topology first, then the testbed changes under it, like hardware under a daemon."""
     from topod.discover import discover
-    from topod.discover.udev import cross_check
+    from topod.discover.udev_check import cross_check
     from topod.host import HostRoot
 
     host = HostRoot("/")

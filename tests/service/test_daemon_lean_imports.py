@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tests.service.test_daemon_scenarios import scrape_metrics
+from tests.service.daemon_scenario import scrape_metrics
 
 # A module marked absent still shows in the -X importtime list (the attempt); what only
 # its loading imports does not: rich's submodules, ssl's C part.

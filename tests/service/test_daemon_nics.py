@@ -5,10 +5,10 @@ also after kill -9 and a restart (the stored leases are the record)."""
 from __future__ import annotations
 
 import signal
-import socket
 
 import pytest
 
+from tests.service.daemon_scenario import scrape_metrics
 from topod.client import ApiError
 
 QUIET = '[irq]\nmode = "dry-run"\n[probe]\nenabled = false\n'
@@ -18,19 +18,6 @@ ONE_PER_TWO = [
     {"node": 0, "switches": [{"devices": ["gpu", "gpu", "rdma"]}, {"devices": ["gpu", "gpu", "rdma"]}]},
     {"node": 1, "switches": [{"devices": ["gpu", "gpu", "rdma"]}, {"devices": ["gpu", "gpu", "rdma"]}]},
 ]
-
-
-def scrape_metrics(socket_path: str) -> tuple[int, str]:
-    raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    raw.settimeout(10)
-    raw.connect(socket_path)
-    raw.sendall(b"GET /metrics HTTP/1.1\r\nHost: topod\r\nConnection: close\r\n\r\n")
-    data = b""
-    while chunk := raw.recv(65536):
-        data += chunk
-    raw.close()
-    head, _, body = data.partition(b"\r\n\r\n")
-    return int(head.split(b" ", 2)[1]), body.decode()
 
 
 def _nics(lease: dict) -> list[tuple[str, int]]:

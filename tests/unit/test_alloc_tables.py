@@ -1,7 +1,7 @@
 """The allocator's precomputed tables give what the computations they replace give:
 core windows (windows._windows) and cores as bits (cores.node_cores), the lone nearest
 NIC (nics._Table.alone), on several built-in hosts and random free states; the
-hand-written __init__ of its hot value classes (request.slot_init) builds what the
+hand-written __init__ of its hot value classes (slotinit.slot_init) builds what the
 dataclass's own would."""
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ import pytest
 
 from topod.alloc.cores import CoreChoice, core_map, node_cores
 from topod.alloc.nics import NicChoice, _shared, _table
-from topod.alloc.request import Decision, Performance, Placement, slot_init
+from topod.alloc.request import Decision, Performance, Placement
 from topod.alloc.search import SearchResult
+from topod.alloc.slotinit import slot_init
 from topod.alloc.windows import NOWHERE
 from topod.alloc.windows import pick_cores as _pick
 
@@ -164,7 +165,7 @@ def test_slot_init_refuses_an_init_that_is_not_the_fields():
 
 
 def test_slot_init_refuses_a_class_whose_post_init_it_would_skip():
-    from topod.alloc.request import RequestLimits
+    from topod.alloc.service_request import RequestLimits
 
     def init(self, max_wait_seconds=3600.0, max_ttl_seconds=7 * 24 * 3600.0, pid_max=RequestLimits().pid_max):  # noqa: ANN001
         raise AssertionError

@@ -12,8 +12,9 @@ import pytest
 from structlog.testing import capture_logs
 
 from topod.alloc.errors import InvalidRequestError
-from topod.alloc.request import (
-    PID_MAX_LIMIT, Request, RequestLimits, ServiceRequest, parse_pid_max, validate_renew_body,
+from topod.alloc.request import Request
+from topod.alloc.service_request import (
+    PID_MAX_LIMIT, RequestLimits, ServiceRequest, parse_pid_max, validate_renew_body,
 )
 from topod.api.body import (
     MAX_DEPTH, PayloadTooLargeError, UnsupportedMediaTypeError, nesting_depth, parse_body,

@@ -5,7 +5,7 @@ import pytest
 
 from topod.discover.numa import parse_distance_row, parse_meminfo_total
 from topod.discover.nvml import build_fabric, normalize_bus_id, parse_nvml_json
-from topod.discover.pci import classify
+from topod.discover.pcitree import classify
 
 
 def test_node_meminfo_total_in_bytes():

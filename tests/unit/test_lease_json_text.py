@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from topod.service.lease import Lease
-from tests.service.test_lease_store import make_lease
+from tests.service.lease_store_helpers import make_lease
 
 
 def _expected(lease: Lease) -> str:

@@ -39,7 +39,7 @@ from operator import attrgetter, or_
 
 from topod.alloc.errors import InsufficientCpusError
 from topod.alloc.nodecores import Core, NodeCores, auto_plan, free_cpus, gpus_served, usable_cores
-from topod.alloc.request import slot_init, slot_setters
+from topod.alloc.slotinit import slot_init, slot_setters
 from topod.alloc.windows import NOWHERE, pick_cores
 from topod.model import Cpu, Gpu, Topology
 
@@ -92,7 +92,7 @@ class CoreChoice:
 _CORE_CHOICE = slot_setters(CoreChoice)
 
 
-def _core_choice_init(self, cpus, cpu_node, fallback, reasons) -> None:  # noqa: ANN001 - see request.slot_init
+def _core_choice_init(self, cpus, cpu_node, fallback, reasons) -> None:  # noqa: ANN001 - see slotinit.slot_init
     set_cpus, set_cpu_node, set_fallback, set_reasons = _CORE_CHOICE
     set_cpus(self, cpus)
     set_cpu_node(self, cpu_node)

@@ -1,14 +1,18 @@
-"""The values the engine takes and gives: Request (validated from JSON) and Decision."""
+"""The values the engine takes and gives: Request (validated from JSON), FreeState and
+Decision (with its Placement and Performance). How a field is judged:
+topod.alloc.jsonfields; the fields the engine does not see: topod.alloc.service_request."""
 
 from __future__ import annotations
 
-import math
 import re
-from dataclasses import MISSING, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from topod.alloc.errors import InvalidRequestError
+from topod.alloc.jsonfields import integer_field, integral, kind_of, shown, text_field, text_problem
 from topod.alloc.nics import MAX_NICS_PER_GPU, NicChoice
+from topod.alloc.service_request import SERVICE_FIELDS
+from topod.alloc.slotinit import slot_init, slot_setters
 
 LEVELS = ("best", "good", "any")  # strongest first
 MAX_GPUS = 4096
@@ -19,11 +23,6 @@ MAX_MODEL_LENGTH = 128
 MAX_JOB_LENGTH = 256
 MIN_PRIORITY, MAX_PRIORITY = -1_000_000, 1_000_000
 MAX_MEMORY_MIB = 1 << 40
-# C0 controls, DEL, C1 controls and UTF-16 surrogates (a lone one cannot be encoded as
-# UTF-8: a job name carrying one would crash every client that prints it).
-FORBIDDEN_CHARACTERS = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
-# The kernel's PID_MAX_LIMIT on 64-bit: no pid can be larger, whatever pid_max says.
-PID_MAX_LIMIT = 4_194_304
 
 FIELDS = ("gpus", "must_include", "level", "priority", "cpus_per_gpu", "min_memory_mib", "model",
           "preemptible", "job", "gpu_memory_nodes", "nics_per_gpu")
@@ -47,13 +46,13 @@ class Request:
     def from_json(cls, body: Any) -> Request:
         """Validate a JSON object; every error names the field (InvalidRequestError)."""
         if not isinstance(body, dict):
-            raise InvalidRequestError("request", f"expected a JSON object, got {_kind(body)}")
+            raise InvalidRequestError("request", f"expected a JSON object, got {kind_of(body)}")
         unknown = sorted(str(key) for key in body if key not in FIELDS)
         if unknown:
             raise InvalidRequestError(unknown[0], f"unknown field; known fields: {', '.join(FIELDS + SERVICE_FIELDS)}")
         if "gpus" not in body:
             raise InvalidRequestError("gpus", "required: the number of GPUs (an integer >= 1)")
-        gpus = _integer(body, "gpus", minimum=1, maximum=MAX_GPUS)
+        gpus = integer_field(body, "gpus", minimum=1, maximum=MAX_GPUS)
         must = _must_include(body.get("must_include", []))
         if len(must) > gpus:
             raise InvalidRequestError("must_include", f"names {len(must)} GPUs but the request is for {gpus}")
@@ -62,23 +61,23 @@ class Request:
             raise InvalidRequestError("level", f"expected one of {', '.join(LEVELS)}, got {level!r}")
         preemptible = body.get("preemptible", False)
         if not isinstance(preemptible, bool):
-            raise InvalidRequestError("preemptible", f"expected true or false, got {_kind(preemptible)}")
+            raise InvalidRequestError("preemptible", f"expected true or false, got {kind_of(preemptible)}")
         gpu_memory_nodes = body.get("gpu_memory_nodes", False)
         if not isinstance(gpu_memory_nodes, bool):
-            raise InvalidRequestError("gpu_memory_nodes", f"expected true or false, got {_kind(gpu_memory_nodes)}")
+            raise InvalidRequestError("gpu_memory_nodes", f"expected true or false, got {kind_of(gpu_memory_nodes)}")
         return cls(
             gpus=gpus,
             must_include=must,
             level=level,
-            priority=_integer(body, "priority", default=0, minimum=MIN_PRIORITY, maximum=MAX_PRIORITY),
+            priority=integer_field(body, "priority", default=0, minimum=MIN_PRIORITY, maximum=MAX_PRIORITY),
             cpus_per_gpu=_cpus_per_gpu(body),
-            min_memory_mib=_integer(body, "min_memory_mib", default=0, minimum=0, maximum=MAX_MEMORY_MIB),
-            model=_text(body, "model", MAX_MODEL_LENGTH),
+            min_memory_mib=integer_field(body, "min_memory_mib", default=0, minimum=0, maximum=MAX_MEMORY_MIB),
+            model=text_field(body, "model", MAX_MODEL_LENGTH),
             preemptible=preemptible,
-            job=_text(body, "job", MAX_JOB_LENGTH),
+            job=text_field(body, "job", MAX_JOB_LENGTH),
             gpu_memory_nodes=gpu_memory_nodes,
             nics_per_gpu=None if body.get("nics_per_gpu") is None
-            else _integer(body, "nics_per_gpu", minimum=0, maximum=MAX_NICS_PER_GPU),
+            else integer_field(body, "nics_per_gpu", minimum=0, maximum=MAX_NICS_PER_GPU),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -95,89 +94,23 @@ def _cpus_per_gpu(body: dict) -> int | str:
         return "auto"
     if isinstance(body.get("cpus_per_gpu"), str):
         raise InvalidRequestError("cpus_per_gpu", f"expected an integer or \"auto\", got {body['cpus_per_gpu']!r}"[:200])
-    return _integer(body, "cpus_per_gpu", default=0, minimum=0, maximum=MAX_CPUS_PER_GPU)
-
-
-def _kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
-            dict: "an object"}.get(type(value), type(value).__name__)
-
-
-def integral(value: Any) -> int | None:
-    """A JSON integer as an int, or None. 3.0 is the integer 3 (JSON Schema's "integer"
-    and JSON's own number model say so); true is not 1, 3.5 is not an integer."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-        return int(value)
-    return None
-
-
-def _integer(body: dict, name: str, *, default: int | None = None, minimum: int, maximum: int) -> int:
-    raw = body.get(name, default)
-    value = integral(raw)
-    if value is None:
-        raise InvalidRequestError(name, f"expected an integer, got {_kind(raw)}")
-    if value < minimum:
-        raise InvalidRequestError(name, f"must be >= {minimum}, got {_show(value)}")
-    if value > maximum:
-        raise InvalidRequestError(name, f"must be <= {maximum}, got {_show(value)}")
-    return value
-
-
-def _show(value: Any) -> str:
-    """A number for an error message: a 400-digit integer is not worth echoing."""
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**18:
-        return f"an integer of {len(str(abs(value))) if abs(value) < 10**4000 else 'thousands of'} digits"
-    return repr(value)
-
-
-def text_problem(value: str) -> str | None:
-    """Why a string cannot be stored and shown, or None: control characters (NUL, C0,
-    DEL, C1) and lone surrogates are refused everywhere in the API."""
-    bad = FORBIDDEN_CHARACTERS.search(value)
-    if bad is None:
-        return None
-    char = bad.group()
-    what = "a lone UTF-16 surrogate" if "\ud800" <= char <= "\udfff" else "a control character"
-    return f"contains {what} (U+{ord(char):04X}) at position {bad.start()}"
-
-
-def _text(body: dict, name: str, limit: int) -> str | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise InvalidRequestError(name, f"expected a string, got {_kind(value)}")
-    problem = text_problem(value)
-    if problem:
-        raise InvalidRequestError(name, problem)
-    value = value.strip()
-    if not value:
-        raise InvalidRequestError(name, "must not be empty")
-    if len(value) > limit:
-        raise InvalidRequestError(name, f"longer than {limit} characters")
-    return value
+    return integer_field(body, "cpus_per_gpu", default=0, minimum=0, maximum=MAX_CPUS_PER_GPU)
 
 
 def _must_include(value: Any) -> tuple[int | str, ...]:
     if not isinstance(value, list):
-        raise InvalidRequestError("must_include", f"expected an array of GPU indices or PCI addresses, got {_kind(value)}")
+        raise InvalidRequestError("must_include", f"expected an array of GPU indices or PCI addresses, got {kind_of(value)}")
     out: list[int | str] = []
     for item in value:
         if integral(item) is not None:
             item = integral(item)
         if isinstance(item, bool) or not isinstance(item, (int, str)):
-            raise InvalidRequestError("must_include", f"expected GPU indices or PCI addresses, got {_kind(item)}")
+            raise InvalidRequestError("must_include", f"expected GPU indices or PCI addresses, got {kind_of(item)}")
         if isinstance(item, int):
             if item < 0:
-                raise InvalidRequestError("must_include", f"GPU index must be >= 0, got {_show(item)}")
+                raise InvalidRequestError("must_include", f"GPU index must be >= 0, got {shown(item)}")
             if item > MAX_GPUS:
-                raise InvalidRequestError("must_include", f"GPU index must be <= {MAX_GPUS}, got {_show(item)}")
+                raise InvalidRequestError("must_include", f"GPU index must be <= {MAX_GPUS}, got {shown(item)}")
             out.append(item)
             continue
         problem = text_problem(item)
@@ -284,32 +217,6 @@ class Decision:
         }
 
 
-def slot_setters(cls: type) -> tuple:
-    """The member descriptors' setters of a frozen slotted dataclass's fields, in order."""
-    return tuple(getattr(cls, name).__set__ for name in cls.__dataclass_fields__)
-
-
-def slot_init(cls: type, init):  # noqa: ANN001, ANN201 - a function, returned as given
-    """Install `init` as the __init__ of the frozen slotted dataclass `cls`: a hand-written
-    one setting each slot through its member descriptor (slot_setters), where the generated
-    one goes through object.__setattr__ by name, about twice as slow (a decision builds a
-    Decision, a Performance and a Placement per GPU; the search several SearchResults).
-    Checked here: its parameters are the fields, in order, with the fields' defaults, and
-    the class has no __post_init__ (which the generated __init__ would call)."""
-    code = init.__code__
-    names = code.co_varnames[1:code.co_argcount]
-    fields = cls.__dataclass_fields__
-    defaults = tuple(f.default for f in fields.values() if f.default is not MISSING)
-    if names != tuple(fields) or (init.__defaults__ or ()) != defaults or any(
-            f.default_factory is not MISSING for f in fields.values()):
-        raise TypeError(f"{init.__name__} does not take {cls.__name__}'s fields {tuple(fields)} with their defaults")
-    if hasattr(cls, "__post_init__"):  # the generated __init__ calls it; a hand-written one would skip it
-        raise TypeError(f"{cls.__name__} has a __post_init__: keep its generated __init__")
-    init.__name__, init.__qualname__ = "__init__", f"{cls.__qualname__}.__init__"
-    cls.__init__ = init
-    return init
-
-
 _PLACEMENT = slot_setters(Placement)
 _PERFORMANCE = slot_setters(Performance)
 _DECISION = slot_setters(Decision)
@@ -356,107 +263,3 @@ def _decision_init(self, gpus, placements, cpus, memory_nodes, numa_nodes, cost,
 slot_init(Placement, _placement_init)
 slot_init(Performance, _performance_init)
 slot_init(Decision, _decision_init)
-
-
-SERVICE_FIELDS = ("ttl_seconds", "owner_pid", "wait")
-RENEW_FIELDS = ("ttl_seconds",)
-
-
-def parse_pid_max(text: str | None) -> int:
-    """/proc/sys/kernel/pid_max's text -> the largest pid + 1; PID_MAX_LIMIT when unreadable."""
-    try:
-        value = int((text or "").strip())
-    except ValueError:
-        return PID_MAX_LIMIT
-    return value if 1 <= value <= PID_MAX_LIMIT else PID_MAX_LIMIT
-
-
-@dataclass(frozen=True, slots=True)
-class RequestLimits:
-    """The bounds of the fields the engine does not see; the daemon builds them from
-    [alloc] max_wait_seconds and renew_max_ttl_seconds."""
-
-    max_wait_seconds: float = 3600.0
-    max_ttl_seconds: float = 7 * 24 * 3600.0
-    pid_max: int = PID_MAX_LIMIT  # owner_pid is accepted in 1..pid_max (the service reads the host's)
-
-    def __post_init__(self) -> None:
-        for name in ("max_wait_seconds", "max_ttl_seconds"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                    or value < 0:
-                raise ValueError(f"RequestLimits.{name} must be a finite number >= 0, got {value!r}")
-        if isinstance(self.pid_max, bool) or not isinstance(self.pid_max, int) or self.pid_max < 1:
-            raise ValueError(f"RequestLimits.pid_max must be an integer >= 1, got {self.pid_max!r}")
-
-
-def _seconds(value: Any, name: str, *, positive: bool, maximum: float, limit_name: str) -> float:
-    """A finite number of seconds in (0 or [0, maximum]; the error names the field and the limit."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidRequestError(name, f"expected a number of seconds, got {_kind(value)}")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise InvalidRequestError(name, f"must be a finite number, got {value!r}")
-    if value < 0 or (positive and value == 0):
-        raise InvalidRequestError(name, f"must be {'> 0' if positive else '>= 0'}, got {_show(value)}")
-    if value > maximum:
-        raise InvalidRequestError(name, f"must be <= {maximum:g} seconds ({limit_name}), got {_show(value)}")
-    return float(value)
-
-
-def validate_ttl(value: Any, limits: RequestLimits) -> float:
-    return _seconds(value, "ttl_seconds", positive=True, maximum=limits.max_ttl_seconds,
-                    limit_name="[alloc] renew_max_ttl_seconds")
-
-
-def validate_owner_pid(raw: Any, limits: RequestLimits) -> int:
-    value = integral(raw)
-    if value is None:
-        raise InvalidRequestError("owner_pid", f"expected a process id (an integer), got {_kind(raw)}")
-    if value < 1:
-        raise InvalidRequestError("owner_pid", f"must be >= 1, got {_show(value)}")
-    if value > limits.pid_max:
-        raise InvalidRequestError("owner_pid", f"must be <= {limits.pid_max} (the kernel's pid_max), "
-                                               f"got {_show(value)}")
-    return value
-
-
-def validate_wait(value: Any, limits: RequestLimits) -> float:
-    return _seconds(value, "wait", positive=False, maximum=limits.max_wait_seconds,
-                    limit_name="[alloc] max_wait_seconds")
-
-
-def validate_renew_body(body: Any, limits: RequestLimits) -> float | None:
-    """The ttl a renew asks for (finite, > 0, <= limits.max_ttl_seconds), or None for
-    `{}` / `{"ttl_seconds": null}`: renew with the lease's own ttl."""
-    if not isinstance(body, dict):
-        raise InvalidRequestError("body", f"renew takes a JSON object with at most 'ttl_seconds', got {_kind(body)}")
-    unknown = sorted(str(key) for key in body if key not in RENEW_FIELDS)
-    if unknown:
-        raise InvalidRequestError(unknown[0], "unknown field; renew takes at most 'ttl_seconds'")
-    ttl = body.get("ttl_seconds")
-    return None if ttl is None else validate_ttl(ttl, limits)
-
-
-@dataclass(slots=True)
-class ServiceRequest:
-    """What the engine does not see: ttl, owner process, how long to wait."""
-
-    ttl_seconds: float | None
-    owner_pid: int | None
-    wait_seconds: float
-
-    @classmethod
-    def split(cls, body: Any, limits: RequestLimits | None = None) -> tuple[ServiceRequest, dict[str, Any]]:
-        """(the service's fields validated against `limits`, the rest for Request.from_json)."""
-        limits = limits if limits is not None else RequestLimits()
-        if not isinstance(body, dict):
-            raise InvalidRequestError("body", f"must be a JSON object, got {_kind(body)}")
-        engine_body = {k: v for k, v in body.items() if k not in SERVICE_FIELDS}
-        ttl = body.get("ttl_seconds")
-        owner = body.get("owner_pid")
-        wait = body.get("wait")
-        return cls(
-            None if ttl is None else validate_ttl(ttl, limits),
-            None if owner is None else validate_owner_pid(owner, limits),
-            0.0 if wait is None else validate_wait(wait, limits),
-        ), engine_body

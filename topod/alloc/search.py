@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 
 from topod.alloc.incumbent import class_neighbours, class_order, greedy_incumbent
-from topod.alloc.request import slot_init, slot_setters
+from topod.alloc.slotinit import slot_init, slot_setters
 
 NODE_BUDGET = 200_000
 

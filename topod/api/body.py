@@ -21,7 +21,8 @@ Every endpoint that takes a body goes through `parse_body`:
   would keep the last one silently).
 
 Field-level rules (types, ranges, required fields) stay with the endpoint's own
-validator: topod.alloc.request for leases, the probe for telemetry.
+validator: topod.alloc.request and topod.alloc.service_request for leases, the probe for
+telemetry.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import re
 from typing import Any
 
 from topod.alloc.errors import InvalidRequestError
-from topod.alloc.request import text_problem
+from topod.alloc.jsonfields import text_problem
 from topod.errors import InvalidJsonError, TopodError
 
 MAX_DEPTH = 32

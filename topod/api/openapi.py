@@ -14,8 +14,9 @@ from topod import __version__
 from topod.alloc.nics import MAX_NICS_PER_GPU
 from topod.alloc.request import (
     LEVELS, MAX_CPUS_PER_GPU, MAX_GPUS, MAX_JOB_LENGTH, MAX_MEMORY_MIB, MAX_MODEL_LENGTH, MAX_PRIORITY,
-    MIN_PRIORITY, RequestLimits,
+    MIN_PRIORITY,
 )
+from topod.alloc.service_request import RequestLimits
 from topod.api.body import DEFAULT_MAX_BYTES, MAX_DEPTH
 
 # No C0/C1 control characters, DEL or lone surrogates (the server's text_problem), and

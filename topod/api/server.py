@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from topod.alloc.request import RequestLimits, validate_renew_body
+from topod.alloc.service_request import RequestLimits, validate_renew_body
 from topod.api.answers import HTTP_CODES, dumps, error_document, error_response, event_line, json_response
 from topod.api.body import DEFAULT_MAX_BYTES, BodyStalledError, PayloadTooLargeError, parse_body
 from topod.api.peer import PeerDeniedError, caller_async, peer_credentials, peer_uid

@@ -11,7 +11,8 @@ from topod.discover.memory import apply_memory_facts
 from topod.discover.notes import Notes
 from topod.discover.numa import nodes_from_cpus_without_sysfs, read_numa_nodes
 from topod.discover.nvml import NvmlReport, build_fabric, nvml_minors, read_nvml
-from topod.discover.pci import build_pci_devices, read_functions
+from topod.discover.pci import read_functions
+from topod.discover.pcitree import build_pci_devices
 from topod.errors import NotAHostTreeError
 from topod.host import HostRoot, ReadProblem
 from topod.model import Gpu, NumaNode, PciDevice, Topology

@@ -170,7 +170,7 @@ class LinkState:
         if track is None:
             raise TelemetryError(f"telemetry: unknown link {str(link_id)!r}: not a link of this host "
                                  f"({len(self._tracks)} known; GET /v1/links lists them)")
-        from topod.alloc.request import integral
+        from topod.alloc.jsonfields import integral
 
         if integral(bytes_moved) is None or integral(bytes_moved) <= 0:  # 2.0 is the integer 2, as in JSON
             raise TelemetryError(f"telemetry: bytes must be a positive integer, got {bytes_moved!r}")

@@ -17,7 +17,7 @@ import time
 import structlog
 
 from topod import __version__
-from topod.alloc.request import parse_pid_max
+from topod.alloc.service_request import parse_pid_max
 from topod.api.peer import group_id
 from topod.config import Config, cpus, load_config
 from topod.errors import ConfigError

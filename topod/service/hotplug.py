@@ -1,6 +1,7 @@
-"""What makes the daemon rediscover: debounced udev bursts on a live root (the watcher and
-cross-check of topod.discover.udev, the same code the umockdev tests run), else the
-rescan interval alone. A discovery on a live root is cross-checked against udev."""
+"""What makes the daemon rediscover: debounced udev bursts on a live root (the watcher of
+topod.discover.udev and the cross-check of topod.discover.udev_check, the same code the
+umockdev tests run), else the rescan interval alone. A discovery on a live root is
+cross-checked against udev."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import structlog
 
 from topod.discover import discover
 from topod.discover.memo import DiscoveryMemo
-from topod.discover.udev import RebuildRequest, UdevSettings, cross_check, start_watcher
+from topod.discover.udev import RebuildRequest, UdevSettings, start_watcher
+from topod.discover.udev_check import cross_check
 from topod.host import HostRoot
 from topod.model import Topology
 from topod.record import replace

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from topod.alloc.policy import PolicySettings, effective_priority
-from topod.alloc.request import FreeState, ServiceRequest
+from topod.alloc.request import FreeState
+from topod.alloc.service_request import ServiceRequest
 from topod.api.peer import Caller
 from topod.errors import AllocationError, TopodError
 from topod.service.lease import Lease, new_id

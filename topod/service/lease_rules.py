@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from topod.alloc.request import ServiceRequest
+from topod.alloc.service_request import ServiceRequest
 from topod.api.peer import Caller
 from topod.errors import TopodError
 from topod.service.lease import Lease

@@ -34,7 +34,7 @@ from typing import Any
 import structlog
 
 from topod.alloc.errors import InvalidRequestError
-from topod.alloc.request import integral
+from topod.alloc.jsonfields import integral
 from topod.errors import UnavailableError
 from topod.scope import MANAGER, MANAGER_PATH, SYSTEMD, ScopeError, ScopeSpec, lease_of_unit
 

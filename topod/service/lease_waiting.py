@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import structlog
 
-from topod.alloc.request import ServiceRequest
+from topod.alloc.service_request import ServiceRequest
 from topod.api.peer import Caller
 from topod.errors import AllocationError, TopodError
 from topod.service.lease import Lease

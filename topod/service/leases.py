@@ -22,7 +22,8 @@ import structlog
 
 from topod.alloc.errors import InvalidRequestError
 from topod.alloc.policy import PolicySettings
-from topod.alloc.request import PID_MAX_LIMIT, FreeState, RequestLimits, ServiceRequest
+from topod.alloc.request import FreeState
+from topod.alloc.service_request import PID_MAX_LIMIT, RequestLimits, ServiceRequest
 from topod.api.peer import Caller
 from topod.enforce import lease_mode
 from topod.errors import AllocationError, TopodError

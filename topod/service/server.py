@@ -219,7 +219,7 @@ class GatedSockSite(web.SockSite):
         self._lean = _lean_protocol() if backend is not None else None
         self.backend = backend
         if self._lean is not None:
-            from topod.api.leanhttp import IdleSweep
+            from topod.api.idle_sweep import IdleSweep
 
             self.idle_sweep = IdleSweep(self.lean_connections, self.idle_seconds)
 
