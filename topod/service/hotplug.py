@@ -12,7 +12,6 @@ import structlog
 from topod.discover import discover
 from topod.discover.memo import DiscoveryMemo
 from topod.discover.udev import RebuildRequest, UdevSettings, start_watcher
-from topod.discover.udev_check import cross_check
 from topod.host import HostRoot
 from topod.model import Topology
 from topod.record import replace
@@ -60,6 +59,9 @@ def discover_checked(host: HostRoot, memo: DiscoveryMemo | None = None) -> Topol
     topology = discover(host, memo=memo)
     if not host.is_live:
         return topology
+    # Only a live root is checked: a captured tree's daemon never loads the check.
+    from topod.discover.udev_check import cross_check
+
     check = cross_check(host, topology)
     if check.findings:
         topology = replace(topology, warnings=topology.warnings + tuple(check.findings))
