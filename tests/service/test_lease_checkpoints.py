@@ -8,6 +8,7 @@ import asyncio
 import sqlite3
 
 from tests.service.lease_store_helpers import _fast_disks, make_lease
+from topod.service.lease_change import QueuedChange
 from topod.service.lease_store import LeaseStore
 
 
@@ -56,7 +57,7 @@ def test_a_checkpoint_waits_for_a_quiet_moment_but_not_for_ever(tmp_path, monkey
     monkeypatch.setattr(lease_writer, "CHECKPOINT_EVERY_COMMITS", 2)
     monkeypatch.setattr(lease_writer, "CHECKPOINT_FORCE_COMMITS", 6)
     store = LeaseStore(tmp_path)
-    store.writer._pending.append(lease_writer._Op([], lambda: None, None, None))  # a change always waiting
+    store.writer._pending.append(QueuedChange([], lambda: None, None, None))  # a change always waiting
     store.writer._urgent = 1
     for n in range(5):
         store.writer._unchecked_commits = n

@@ -33,14 +33,13 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
 
-from topod.errors import TopodError
+from topod.service.lease_change import QueuedChange, failure_of, settle
 from topod.service.lease_commit import StatementFailed, transaction
-from topod.service.lease_db import LeaseConflictError, LeaseStoreError, file_identity
+from topod.service.lease_db import LeaseStoreError, file_identity
 
 log = structlog.get_logger("topod")
 
@@ -68,18 +67,6 @@ COMMIT_AVERAGE_WEIGHT = 0.2
 STALLED_WRITE_SECONDS = 5.0
 
 
-@dataclass(slots=True)
-class _Op:
-    sql: list[tuple[str, tuple | list]]  # statements; executemany when params is a list
-    undo: Callable[[], None]
-    future: asyncio.Future | None
-    loop: asyncio.AbstractEventLoop | None
-    error: BaseException | None = field(default=None)
-    written: threading.Event | None = None  # set once the op's batch is written (flush)
-    on_success: Callable[[], None] | None = None  # on the loop, once the change is on disk
-    then: list[Callable[[asyncio.Future], None]] | None = None  # on_commit's callbacks
-
-
 class GroupCommitWriter:
     """The changes queued for the database and the thread that commits them (started by
     the first change queued on an event loop); LeaseStore owns one."""
@@ -95,13 +82,13 @@ class GroupCommitWriter:
         self._identity = file_identity(path)
         self.broken: str | None = None  # set once: the database is not the file at its path
         self.failing: str | None = None  # the last write's error, until a write succeeds
-        self._pending: list[_Op] = []
+        self._pending: list[QueuedChange] = []
         # Held by whoever writes the database (the thread, or the loop committing a lone
         # change); taken while holding _cond, with the batch, so batches commit in order.
         self._db_lock = threading.Lock()
         self._commit_seconds: float | None = None  # the recent commits' average; None before the first
         self._writing_since: float | None = None  # when the write in progress began
-        self._unsettled: dict[asyncio.Future, _Op] = {}  # commit -> its change, until settled (on_commit)
+        self._unsettled: dict[asyncio.Future, QueuedChange] = {}  # commit -> its change, until settled (on_commit)
         self._cond = threading.Condition()
         self._idle = False  # the writer waits on _cond: a change must wake it
         self._wake_due: asyncio.AbstractEventLoop | None = None  # the loop _wake is due on
@@ -134,17 +121,17 @@ class GroupCommitWriter:
             if self.broken is not None:
                 undo()
                 raise LeaseStoreError(f"{self.broken}; the change was not made")
-            op = _Op(sql, undo, None, None, on_success=on_success)
+            op = QueuedChange(sql, undo, None, None, on_success=on_success)
             with self._db_lock:
                 self._commit([op])
             if op.error is not None:
                 undo()
-                raise _failure(op.error)
+                raise failure_of(op.error)
             if on_success is not None:
                 on_success()
             return None
         future = loop.create_future()
-        op = _Op(sql, undo, future, loop, on_success=on_success)
+        op = QueuedChange(sql, undo, future, loop, on_success=on_success)
         with self._cond:
             if self._closing:
                 undo()
@@ -191,14 +178,14 @@ class GroupCommitWriter:
             op.then = []
         op.then.append(callback)
 
-    def _settle_all(self, ops: list[_Op]) -> None:
+    def _settle_all(self, ops: list[QueuedChange]) -> None:
         """On the event loop: each change's future resolved (a failed one undone first),
         then its on_commit callbacks; the mirror follows the disk even when no one waits
         for the future any more."""
         for op in ops:
             if op.future is not None:
                 self._unsettled.pop(op.future, None)
-            _settle(op)
+            settle(op)
 
     def _wake(self, loop: asyncio.AbstractEventLoop) -> None:
         """The end of a loop turn that queued changes: a lone change is committed here
@@ -219,7 +206,7 @@ class GroupCommitWriter:
             self._db_lock.release()
         self._settle_all(batch)
 
-    def _lone_change(self, loop: asyncio.AbstractEventLoop) -> list[_Op] | None:
+    def _lone_change(self, loop: asyncio.AbstractEventLoop) -> list[QueuedChange] | None:
         """Under _cond: the pending changes, taken, when the loop is to commit them itself:
         one change waits (confirmations may ride along), all of this loop, the writer
         idle, commits fast, no checkpoint due (the thread does it, after the commit)."""
@@ -268,7 +255,7 @@ class GroupCommitWriter:
                 self._commit(batch)
             finally:
                 self._db_lock.release()
-            by_loop: dict[asyncio.AbstractEventLoop, list[_Op]] = {}
+            by_loop: dict[asyncio.AbstractEventLoop, list[QueuedChange]] = {}
             for op in batch:
                 if op.written is not None:
                     op.written.set()
@@ -281,7 +268,7 @@ class GroupCommitWriter:
                     pass
             self._checkpoint_if_due()
 
-    def _commit(self, batch: list[_Op]) -> None:
+    def _commit(self, batch: list[QueuedChange]) -> None:
         """Write the batch and check the file, holding _db_lock."""
         self._writing_since = started = time.monotonic()
         try:
@@ -295,7 +282,7 @@ class GroupCommitWriter:
         if any(op.sql for op in batch):
             self._unchecked_commits += 1
 
-    def _check_own_file(self, batch: list[_Op]) -> None:
+    def _check_own_file(self, batch: list[QueuedChange]) -> None:
         """After a write: is the database still the file at its path? If not, the batch
         went into a file no start will read: fail it (undone, the clients told) and refuse
         every later change. A failed write is remembered until one succeeds."""
@@ -329,7 +316,7 @@ class GroupCommitWriter:
             return f"lease write stalled for {stalled:.0f} s: the state dir's disk does not answer"
         return None
 
-    def _write(self, batch: list[_Op]) -> None:
+    def _write(self, batch: list[QueuedChange]) -> None:
         """One transaction for the whole batch (topod.service.lease_commit). A change that
         violates a constraint fails alone: the batch is first written straight, and only
         when a statement fails is it written again change by change, with a savepoint
@@ -345,7 +332,7 @@ class GroupCommitWriter:
             for op in batch:
                 op.error = op.error or exc
 
-    def _transaction(self, batch: list[_Op], *, isolate: bool) -> None:
+    def _transaction(self, batch: list[QueuedChange], *, isolate: bool) -> None:
         transaction(self._db, batch, isolate=isolate)
         self.commits += 1
         self.changes += len(batch)
@@ -376,7 +363,7 @@ class GroupCommitWriter:
         with self._cond:
             if self._thread is None or not self._thread.is_alive():
                 return
-            marker = _Op([], lambda: None, None, None, written=threading.Event())
+            marker = QueuedChange([], lambda: None, None, None, written=threading.Event())
             self._pending.append(marker)
             self._urgent += 1
             self._cond.notify()
@@ -401,32 +388,3 @@ class GroupCommitWriter:
             self._db.close()
         finally:
             self._db_lock.release()
-
-
-def _settle(op: _Op) -> None:
-    future = op.future
-    if future is None:
-        return
-    if op.error is None:
-        if op.on_success is not None:
-            op.on_success()
-        if not future.done():
-            future.set_result(None)
-    else:
-        op.undo()
-        if not future.done():
-            future.set_exception(_failure(op.error))
-    for callback in op.then or ():
-        try:
-            callback(future)
-        except (SystemExit, KeyboardInterrupt):
-            raise
-        except BaseException as exc:  # noqa: BLE001 - as asyncio's Handle: reported, the rest of the batch settles
-            op.loop.call_exception_handler({"message": "lease store: an on_commit callback failed",
-                                            "exception": exc, "future": future})
-
-
-def _failure(error: BaseException) -> TopodError:
-    if isinstance(error, sqlite3.IntegrityError):
-        return LeaseConflictError(f"refused by the lease database: {error}")
-    return LeaseStoreError(f"lease database write failed, change undone: {error}")
