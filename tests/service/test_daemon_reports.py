@@ -5,11 +5,9 @@ link bandwidth and probe figures in /metrics while links are probed, and telemet
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 
-from tests.service.daemon_scenario import _wait_until, check_metrics, live_profile, scenarios
+from tests.service.daemon_scenario import _wait_until, check_metrics, live_profile, scenarios, scrape_metrics
 
 
 @pytest.fixture()
@@ -47,14 +45,8 @@ def test_an_nvl72_tray_shows_its_nvlink_domain_in_the_api_and_metrics(daemon_fac
     client = daemon.start()
     domain = client.topology()["nvlink_domain"]
     assert domain and domain["cluster_uuid"] and domain["clique_ids"]
-    raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    raw.connect(daemon.socket)
-    raw.sendall(b"GET /metrics HTTP/1.1\r\nHost: topod\r\nConnection: close\r\n\r\n")
-    text = b""
-    while chunk := raw.recv(65536):
-        text += chunk
-    raw.close()
-    line = next(l for l in text.decode().splitlines() if l.startswith("topod_nvlink_domain_info"))
+    _, text = scrape_metrics(daemon.socket)
+    line = next(l for l in text.splitlines() if l.startswith("topod_nvlink_domain_info"))
     assert domain["cluster_uuid"] in line and f'clique_id="{domain["clique_ids"][0]}"' in line
 
 

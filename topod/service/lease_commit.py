@@ -16,24 +16,15 @@ from typing import TYPE_CHECKING
 
 from topod.service.batch_sql import merged
 
-if TYPE_CHECKING:  # annotations only: nothing to build at import
-    from typing import Protocol
-
-    from topod.service.batch_sql import Statement
-
-    class Change(Protocol):
-        """A queued change, as the transaction sees it: its statements, and where a
-        refusal under `isolate` is put."""
-
-        sql: Sequence[Statement]
-        error: BaseException | None
+if TYPE_CHECKING:  # annotations only
+    from topod.service.lease_change import QueuedChange
 
 
 class StatementFailed(Exception):
     """A statement of a batch written without savepoints failed: write it again with them."""
 
 
-def transaction(db: sqlite3.Connection, batch: Sequence[Change], *, isolate: bool) -> None:
+def transaction(db: sqlite3.Connection, batch: Sequence[QueuedChange], *, isolate: bool) -> None:
     """Write the batch in one transaction. Without `isolate`, a failing statement raises
     StatementFailed (the transaction rolled back); with it, that change's savepoint is
     rolled back and its `error` set. A failed BEGIN or COMMIT, or any other fault, rolls
