@@ -94,7 +94,7 @@ class Cpu:
     id: int
     online: bool
     core: int | None  # the kernel's core_id (unique within a package only)
-    package: int | None
+    package: int | None  # None where the kernel does not know it (physical_package_id -1)
     numa_node: int | None
     siblings: tuple[int, ...]  # hyper-thread siblings, itself included
     llc: int | None  # id of the last-level cache domain: lowest CPU sharing it

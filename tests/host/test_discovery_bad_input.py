@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from topod.cpulist import parse_cpulist
 from topod.discover import discover
 from topod.errors import NotAHostTreeError
 from topod.host import HostRoot
@@ -145,6 +146,79 @@ def test_cpu_listed_by_no_node_is_reported_not_assigned(host_tree):
     topo = _discover(root)
     assert topo.cpu(3).numa_node is None
     assert "cpu_without_node" in _codes(topo)
+
+
+def test_nodes_listing_cpus_of_an_earlier_node_are_left_out_with_a_warning(host_tree):
+    # Real firmware does this (hwloc's 8em64t-2s2ca2c-buggynuma: CPUs 0-7 under each of
+    # 8 nodes, each claiming the whole memory); hwloc keeps the first node listing a CPU.
+    root = host_tree("h800-8gpu")
+    nodes = root / "sys/devices/system/node"
+    first = (nodes / "node0/cpulist").read_text()
+    second = parse_cpulist((nodes / "node1/cpulist").read_text())
+    (nodes / "node1/cpulist").write_text("0-63\n")
+    topo = _discover(root)
+    assert [node.id for node in topo.numa_nodes] == [0]
+    assert topo.node(0).distances == {0: 10}  # no distance to a node left out
+    assert topo.node(0).cpus == tuple(topo.cpu(c).id for c in topo.node(0).cpus)
+    overlap = _warnings(topo, "numa_cpus_overlap")
+    assert [w.path for w in overlap] == ["sys/devices/system/node/node1/cpulist"]
+    assert f"CPUs {first.strip()} are also listed by node(s) 0" in overlap[0].reason
+    # every CPU counted once: those only node 1 listed have no node, and say so
+    counted = [cpu for node in topo.numa_nodes for cpu in node.cpus]
+    assert len(counted) == len(set(counted))
+    assert second and all(topo.cpu(c).numa_node is None for c in second)
+    assert "cpu_without_node" in _codes(topo)
+    # GPUs whose firmware names the node left out fall back to their own locality
+    assert all(gpu.numa_node in (0, None) for gpu in topo.gpus)
+
+
+def test_package_id_the_kernel_does_not_know_is_none_not_a_package_minus_one(host_tree):
+    # POWER and s390 kernels write -1 (hwloc's 256ppc-8n8s4t and 20s390 trees)
+    root = host_tree("h800-8gpu")
+    (root / "sys/devices/system/cpu/cpu3/topology/physical_package_id").write_text("-1\n")
+    topo = _discover(root)
+    assert topo.cpu(3).package is None and topo.cpu(3).to_json()["package"] is None
+    assert topo.cpu(2).package == 0
+
+
+def test_kernels_with_only_cpu_masks_still_give_siblings_and_llc(host_tree):
+    # Older kernels have topology/thread_siblings and cache/indexN/shared_cpu_map, not the
+    # *_list files (hwloc's 16em64t, 96em64t and 256ia64 trees): without them every
+    # hyper-thread looked like a core of its own and no CPU had an LLC.
+    root = host_tree("h800-8gpu")
+    expected = _discover(root)
+    cpu_dir = root / "sys/devices/system/cpu"
+    for topology in cpu_dir.glob("cpu*/topology"):
+        siblings = parse_cpulist((topology / "thread_siblings_list").read_text())
+        (topology / "thread_siblings").write_text(_mask(siblings))
+        (topology / "thread_siblings_list").unlink()
+        (topology / "core_cpus_list").unlink()
+    for index in cpu_dir.glob("cpu*/cache/index*"):
+        shared = parse_cpulist((index / "shared_cpu_list").read_text())
+        (index / "shared_cpu_map").write_text(_mask(shared))
+        (index / "shared_cpu_list").unlink()
+    topo = _discover(root)
+    assert topo.cpu(0).siblings == (0, 32) == expected.cpu(0).siblings
+    assert [(c.siblings, c.llc) for c in topo.cpus] == [(c.siblings, c.llc) for c in expected.cpus]
+    assert topo.cpu(40).llc == 0 and topo.cpu(16).llc == 16
+
+
+def test_a_garbage_sibling_mask_is_a_warning_and_the_cpu_its_own_core(host_tree):
+    root = host_tree("h800-8gpu")
+    topology = root / "sys/devices/system/cpu/cpu3/topology"
+    for name in ("thread_siblings_list", "core_cpus_list"):
+        (topology / name).unlink()
+    (topology / "thread_siblings").write_text("zz,not-a-mask\n")
+    topo = _discover(root)
+    assert topo.cpu(3).siblings == (3,)
+    assert any(w.code == "bad_value" and w.path.endswith("cpu3/topology/thread_siblings") for w in topo.warnings)
+
+
+def _mask(cpus):
+    """A kernel bitmap ('00000000,00000101'): 32-bit words, highest first."""
+    value = sum(1 << cpu for cpu in cpus)
+    words = [(value >> shift) & 0xFFFFFFFF for shift in range(0, max(cpus) + 1, 32)] or [0]
+    return ",".join(f"{word:08x}" for word in reversed(words)) + "\n"
 
 
 def test_memory_only_node_is_kept_marked_and_local_to_nearest_cpus(host_tree):

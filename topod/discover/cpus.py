@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from topod.cpulist import MAX_CPUS, CpuListRangeError, parse_cpulist
+from topod.cpulist import MAX_CPUS, CpuListRangeError, parse_cpulist, parse_cpumask
 from topod.discover.notes import Notes
 from topod.host import HostRoot
 from topod.model import Cpu
@@ -38,6 +38,26 @@ def read_cpulist_file(host: HostRoot, rel: str, notes: Notes, *, required: bool 
     except ValueError as exc:
         notes.add("bad_value", rel, f"not a CPU list ({exc}); ignored")
         return None
+
+
+def read_cpu_set(host: HostRoot, list_rel: str, mask_rel: str, notes: Notes) -> list[int] | None:
+    """A CPU set from its list file, else from the mask file beside it: older kernels
+    (hwloc's 16em64t, 96em64t and 256ia64 trees, among others) have only the masks
+    (topology/thread_siblings, cache/indexN/shared_cpu_map). None when neither is there
+    or usable (said in the notes)."""
+    listed = read_cpulist_file(host, list_rel, notes)
+    if listed is not None:
+        return listed
+    text = host.read(mask_rel)
+    if text is None:
+        return None
+    try:
+        return parse_cpumask(text, notes.cpu_limit)
+    except CpuListRangeError as exc:
+        notes.add("cpulist_out_of_range", mask_rel, f"{exc}; ignored")
+    except ValueError:
+        notes.add("bad_value", mask_rel, "not a CPU mask; ignored")
+    return None
 
 
 def read_cpu_facts(host: HostRoot, notes: Notes) -> CpuFacts:
@@ -106,7 +126,7 @@ def _last_level_cache(host: HostRoot, cpu: int, notes: Notes, memo: LlcMemo) -> 
         level = _read_int(host, f"{base}/{name}/level")
         if level is None or level <= best_level:
             continue
-        shared = read_cpulist_file(host, f"{base}/{name}/shared_cpu_list", notes)
+        shared = read_cpu_set(host, f"{base}/{name}/shared_cpu_list", f"{base}/{name}/shared_cpu_map", notes)
         if shared:
             best_level, best_shared = level, shared
     if not best_shared:
@@ -130,9 +150,11 @@ def read_cpus(host: HostRoot, facts: CpuFacts, node_of_cpu: dict[int, int], note
         if online:
             core = _read_int(host, f"{topo}/core_id")
             package = _read_int(host, f"{topo}/physical_package_id")
-            siblings = read_cpulist_file(host, f"{topo}/thread_siblings_list", notes) or []
+            if package is not None and package < 0:
+                package = None  # -1: the kernel does not know it (POWER, s390)
+            siblings = read_cpu_set(host, f"{topo}/thread_siblings_list", f"{topo}/thread_siblings", notes) or []
             if not siblings:
-                siblings = read_cpulist_file(host, f"{topo}/core_cpus_list", notes) or [cpu]
+                siblings = read_cpu_set(host, f"{topo}/core_cpus_list", f"{topo}/core_cpus", notes) or [cpu]
             siblings = sorted(s for s in siblings if s in facts.online) or [cpu]
             llc = _last_level_cache(host, cpu, notes, llc_memo)
         cpus.append(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from topod.cpulist import CpuListRangeError, parse_cpumask
+from topod.cpulist import CpuListRangeError, format_cpulist, parse_cpumask
 from topod.discover.cpus import read_cpulist_file
 from topod.discover.hugepages import read_node_hugepages
 from topod.discover.notes import Notes
@@ -60,9 +60,38 @@ def read_numa_nodes(host: HostRoot, online_cpus: set[int], notes: Notes) -> list
                 hugepages=read_node_hugepages(host, base, notes),
             )
         )
+    nodes = without_overlapping_nodes(nodes, notes)
     # A node with CPUs is its own local set (set above); only CPU-less ones look further.
     return [node if node.cpus else replace(node, local_cpus=near_cpus_of_memory_node(node, nodes))
             for node in nodes]
+
+
+def without_overlapping_nodes(nodes: list[NumaNode], notes: Notes) -> list[NumaNode]:
+    """A CPU belongs to one NUMA node. Firmware that lists the same CPUs under several
+    nodes (a real machine in hwloc's corpus lists CPUs 0-7 under all of its 8 nodes, each
+    also claiming the machine's whole memory) says nothing usable about those nodes: the
+    first node (by id) listing a CPU keeps it, and every later node listing any CPU
+    already taken is left out with its memory and distances, as hwloc does. Said in the
+    warnings; with the overlap in the model, every CPU would count once per node."""
+    kept: list[NumaNode] = []
+    owner: dict[int, int] = {}
+    for node in nodes:
+        shared = [cpu for cpu in node.cpus if cpu in owner]
+        if shared:
+            others = sorted({owner[cpu] for cpu in shared})
+            notes.add("numa_cpus_overlap", f"{NODE_DIR}/node{node.id}/cpulist",
+                      f"CPUs {format_cpulist(shared)} are also listed by node(s) {', '.join(map(str, others))}: "
+                      f"the firmware's NUMA information is inconsistent; node {node.id} ignored (its memory "
+                      f"and distances too)")
+            continue
+        for cpu in node.cpus:
+            owner[cpu] = node.id
+        kept.append(node)
+    if len(kept) == len(nodes):
+        return nodes
+    ids = {node.id for node in kept}
+    return [replace(node, distances={other: value for other, value in node.distances.items() if other in ids})
+            for node in kept]
 
 
 def _read_node_cpus(host: HostRoot, base: str, notes: Notes) -> list[int]:
