@@ -72,3 +72,34 @@ def test_plx_switches_with_infiniband_behind_them_are_grouped(extracted):
     assert [d.kind for d in topo.pci_devices if d.vendor == 0x15B3] and all(
         d.kind == "rdma" for d in topo.pci_devices if d.vendor == 0x15B3 and d.class_code >> 8 == 0x0207)
     assert sum(len(d.msi_irqs) > 0 for d in topo.pci_devices) == 17
+
+
+def _lstopo_cores(name: str) -> set[frozenset[int]]:
+    """The CPUs of each Core in the host's lstopo XML (hwloc writes a cpuset as 32-bit
+    words, highest first; a zero word may be left empty: '0x00000004,,0x0' is CPU 66)."""
+    import xml.etree.ElementTree as ET
+
+    cores = set()
+    for core in ET.parse(CORPUS / f"{name}.lstopo.xml").iter("object"):
+        if core.get("type") == "Core":
+            value = 0
+            for word in core.get("cpuset").split(","):
+                value = (value << 32) | int(word or "0", 16)
+            cores.add(frozenset(cpu for cpu in range(value.bit_length()) if value >> cpu & 1))
+    return cores
+
+
+@pytest.mark.parametrize("name", HOSTS)
+def test_each_cpus_hyper_thread_siblings_are_its_lstopo_core(name, extracted):
+    # 16em64t's kernel has only the topology/thread_siblings masks: read as lists, every
+    # hyper-thread was a core of its own there.
+    topo = discover(HostRoot(extracted(name)), live_nvml=False)
+    ours = {frozenset(cpu.siblings) for cpu in topo.cpus if cpu.online}
+    theirs = _lstopo_cores(name)
+    if name == "64amd64-4s2n4ca2co":
+        # The kernel lists each Bulldozer compute unit's two cores as thread siblings (the
+        # scheduler's SMT view, which topod keeps); hwloc splits them by core_id.
+        assert all(len(pair) == 2 and {frozenset({cpu}) for cpu in pair} <= theirs for pair in ours)
+        assert len(ours) * 2 == len(theirs)
+    else:
+        assert ours == theirs
