@@ -29,6 +29,9 @@ EX_CONFIG = 78
 # - frozenlist's C++ extension (aiohttp's app, signal and middleware lists: built at
 #   start, not in a request's path): the pure-Python one it documents
 #   (FROZENLIST_NO_EXTENSIONS) leaves libstdc++ unmapped (~1 MiB PSS).
+# - the system's MIME database (/etc/mime.types, 1,500 types): aiohttp builds its file
+#   responses' type table at import, and the daemon serves no files; Python's own table
+#   (~150 types) stands in (~0.4 MiB PSS).
 # Only in the daemon's own process (a real command line, argv None): tests that call
 # main(argv) in-process keep what they have.
 NOT_LOADED = ("rich",)
@@ -46,11 +49,15 @@ def _import_lean() -> None:
     pure = "FROZENLIST_NO_EXTENSIONS" not in os.environ
     if pure:
         os.environ["FROZENLIST_NO_EXTENSIONS"] = "1"  # read once, when frozenlist loads
+    import mimetypes
+
+    known_files, mimetypes.knownfiles = mimetypes.knownfiles, []  # read once, at the first init()
     try:
         import asyncio  # noqa: F401
         import topod.service.daemon  # noqa: F401
         import topod.service.server  # noqa: F401 - aiohttp
     finally:
+        mimetypes.knownfiles = known_files
         if pure:
             del os.environ["FROZENLIST_NO_EXTENSIONS"]  # not passed on to the IRQ worker
         for name in NOT_LOADED_AT_START:
