@@ -1,10 +1,9 @@
 """The idle daemon leaves out what it never uses (issue 26): rich (structlog's console
 tracebacks), ssl and hashlib's OpenSSL backend (no TLS is served) and frozenlist's C++
 extension (libstdc++) are not loaded by the daemon started as a user starts it, nor is the
-system's MIME database read; the
-metrics endpoint, whose library needs ssl, still answers, loading it then. Checked on
-the daemon's own -X importtime list (PYTHONPROFILEIMPORTTIME) and its memory map, not
-on a copy of its start-up."""
+system's MIME database read; the metrics endpoint, whose library needs ssl, still answers,
+loading it then. Checked on the daemon's own -X importtime list (PYTHONPROFILEIMPORTTIME)
+and its memory map, not on a copy of its start-up."""
 
 from __future__ import annotations
 
