@@ -118,6 +118,24 @@ def test_export_nccl_writes_the_file_and_reports_it(h800, capsys, tmp_path):
     assert len(list(root.iter("gpu"))) == 8 and len(list(root.iter("net"))) == 9
 
 
+def test_export_nccl_on_a_tree_without_cpu_identity_warns_that_nccl_cannot_use_it(host_tree, capsys, tmp_path):
+    tree = host_tree("h800-8gpu")
+    (tree / "proc/cpuinfo").write_text("processor\t: 0\n\n")
+    out = tmp_path / "topo.xml"
+    assert main(["export", "nccl", "--root", str(tree), "--output", str(out)]) == 0  # written all the same
+    err = capsys.readouterr().err
+    assert "topoctl: warning: [nccl_cpu_identity_unknown] proc/cpuinfo:" in err
+    assert "NUMA node(s) 0, 1 have no arch" in err and "Attribute arch of node cpu not found" in err
+    assert all(cpu.get("arch") is None for cpu in ET.parse(out).getroot().iter("cpu"))
+    assert main(["export", "nccl", "--root", h800_tree_with_identity(tree), "--output", str(out)]) == 0
+    assert "nccl_cpu_identity_unknown" not in capsys.readouterr().err
+
+
+def h800_tree_with_identity(tree):
+    (tree / "proc/cpuinfo").write_text("processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 143\n\n")
+    return str(tree)
+
+
 def test_export_nccl_lease_variant_prints_only_its_gpus(h800, capsys):
     assert main(["export", "nccl", "--root", h800, "--gpus", "2,3", "--cpus", "8-11"]) == 0
     root = ET.fromstring(capsys.readouterr().out)

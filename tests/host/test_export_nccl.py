@@ -15,6 +15,8 @@ from topod.export.nccl import (
     DEFAULT_PATH,
     build_nccl_xml,
     cpumask,
+    host_nccl_xml,
+    identity_warnings,
     nccl_parents,
     parse_cpuinfo,
     read_nccl_host_facts,
@@ -227,11 +229,11 @@ def test_a_lease_naming_a_missing_gpu_is_an_error(host_of):
         build_nccl_xml(topology, gpus=[0, 8])
 
 
-def test_unknown_facts_are_left_for_nccl_to_fill(host_of):
+def test_facts_topod_was_not_given_are_not_guessed(host_of):
     _, topology = host_of("h800-8gpu")
     root = ET.fromstring(render_nccl_xml(build_nccl_xml(topology)))
     cpu = root.find("cpu")
-    assert cpu.get("arch") is None and cpu.get("vendor") is None
+    assert cpu.get("arch") is None and cpu.get("vendor") is None  # identity_warnings says so
     assert all(g.get("gdr") is None for g in root.iter("gpu"))
     assert all(p.get("subsystem_vendor") is None for p in root.iter("pci"))
     # RDMA device names are unknown without the host's facts: no guess; an Ethernet NIC's
@@ -300,3 +302,33 @@ def test_a_failed_write_keeps_the_old_file(tmp_path):
 
 def test_default_path_is_where_nccl_looks_without_nccl_topo_file():
     assert DEFAULT_PATH == "/var/run/nvidia-topologyd/virtualTopology.xml"
+
+
+@pytest.mark.parametrize("name,identity", [
+    ("h800-8gpu", ("x86_64", "GenuineIntel", "6", "143")),
+    ("nps4-8gpu", ("x86_64", "AuthenticAMD", "25", "17")),
+    ("grace-hopper-2gpu", ("arm64", None, None, None)),  # NCCL reads vendor and family on x86 only
+])
+def test_every_cpu_element_carries_the_identity_nccl_builds_its_topology_from(host_of, name, identity):
+    host, topology = host_of(name)
+    written = host_nccl_xml(host, topology)
+    cpus = list(ET.fromstring(written.text).iter("cpu"))
+    assert len(cpus) >= 2
+    assert {(c.get("arch"), c.get("vendor"), c.get("familyid"), c.get("modelid")) for c in cpus} == {identity}
+    assert written.warnings == ()
+
+
+def test_cpu_elements_without_arch_are_a_warning_unless_one_holds_every_gpu(host_of):
+    # NCCL fills a <cpu>'s identity only above a rank's own GPU: a lone <cpu> holding the
+    # GPUs is filled alike by every rank; a second one, or one with only NICs, is not.
+    _, topology = host_of("h800-8gpu")
+    both = build_nccl_xml(topology)
+    assert [w.code for w in identity_warnings(both)] == ["nccl_cpu_identity_unknown"]
+    assert "NUMA node(s) 0, 1 have no arch" in identity_warnings(both)[0].reason
+    node0_gpus = [g.index for g in topology.gpus if g.numa_node == 0]
+    assert identity_warnings(build_nccl_xml(topology, gpus=node0_gpus)) == []
+    nic = next(d.address for d in topology.devices_of_kind("rdma") if d.numa_node == 0)
+    nics_only = build_nccl_xml(topology, gpus=[], nics=[nic])
+    assert [c.name for c in nics_only.children] == ["cpu"] and identity_warnings(nics_only) != []
+    identified = build_nccl_xml(topology, cpu_identity=parse_cpuinfo("vendor_id : GenuineIntel\ncpu family : 6\n"))
+    assert identity_warnings(identified) == []

@@ -76,3 +76,21 @@ def test_a_link_the_owner_plants_is_replaced_not_followed(files, tmp_path):
     files.write_lease(lease)
     assert precious.read_text() == "root's\n" and os.stat(precious).st_uid == 0
     assert path.is_file() and not path.is_symlink() and os.stat(path).st_uid == OWNER
+
+
+def test_files_nccl_cannot_build_from_are_said_once_not_per_lease(files):
+    # A tree whose /proc/cpuinfo names no CPU: each file's <cpu> lacks the arch NCCL
+    # needs (topod.export.nccl); written all the same, and the log says why once.
+    from structlog.testing import capture_logs
+
+    (Path(files.host.root) / "proc/cpuinfo").write_text("processor\t: 0\n\n")
+    spread = SimpleNamespace(id="d4e5f6", gpus=(0, 4), cpus=(1, 17), owner_uid=OWNER, owner_gid=OWNER,
+                             environment={}, decision=SimpleNamespace(placements=(SimpleNamespace(nics=()),) * 2))
+    spread.environment = files.lease_environment(spread)
+    with capture_logs() as logs:
+        files.write_lease(spread)
+        files.write_lease(spread)
+    said = [entry for entry in logs if entry["event"] == "nccl_topology_incomplete"]
+    assert len(said) == 1 and said[0]["code"] == "nccl_cpu_identity_unknown"
+    assert said[0]["path"] == spread.environment["NCCL_TOPO_FILE"]
+    assert Path(spread.environment["NCCL_TOPO_FILE"]).is_file()

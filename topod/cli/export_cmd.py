@@ -170,7 +170,10 @@ def run_nccl(args: argparse.Namespace) -> int:
         lease = view.lease(args.lease)
         gpus, cpus = sorted(lease.get("gpus", [])), sorted(lease.get("cpus", [])) or None
     host, topology = _host_and_topology(view.root)
-    text = host_nccl_xml(host, topology, gpus=gpus, cpus=cpus)
+    written = host_nccl_xml(host, topology, gpus=gpus, cpus=cpus)
+    for warning in written.warnings:
+        _warn(args, warning)
+    text = written.text
     if args.output and args.output != "-":
         path = write_nccl_topology(text, args.output)
         if args.json:

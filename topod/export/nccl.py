@@ -11,9 +11,16 @@ general XML parser: no <?xml?> declaration, attributes separated by one space, v
 in double quotes with no escapes, `<x/>` without a space, 2-space indent. The PCI
 nesting is the one ncclTopoGetXmlFromSys builds from a sysfs path: walking up two
 levels at a time, so PCIe switch upstream ports become nested <pci> elements and
-downstream ports and root ports disappear. Attributes topod does not know (CPU model
-on a captured tree, subsystem ids, GDR support, NIC speed) are left out so that NCCL
-fills them itself, rather than written as guesses.
+downstream ports and root ports disappear. Attributes topod does not know (subsystem
+ids, GDR support, NIC speed) are left out so that NCCL fills them itself, rather than
+written as guesses. The CPU's identity (arch, and for x86 vendor, familyid, modelid) is
+the exception NCCL does not fill everywhere: it reads it from the machine only for the
+<cpu> above a rank's own GPU (ncclTopoGetXmlFromSys), so any other <cpu> without it (one
+holding only NICs, or another rank's GPUs: ncclTopoFuseXml merges two <cpu> elements only
+when every attribute agrees) makes ncclTopoGetSystemFromXml fail with "Attribute arch of
+node cpu not found" (NCCL 2.30.7's own parser and system builder, run on these files).
+topod takes it from the host's /proc/cpuinfo; where that says nothing, the file is still
+written, with a `nccl_cpu_identity_unknown` warning.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from pathlib import Path
 
 from topod.errors import ConfigError
 from topod.host import HostRoot
-from topod.model import Gpu, PciDevice, Topology, gts
+from topod.model import Gpu, HostWarning, PciDevice, Topology, gts
 
 DEFAULT_PATH = "/var/run/nvidia-topologyd/virtualTopology.xml"  # NCCL's default location
 XML_VERSION = "1"  # NCCL_TOPO_XML_VERSION
@@ -363,12 +370,37 @@ def read_nccl_host_facts(host: HostRoot, topology: Topology) -> NcclHostFacts:
     return NcclHostFacts(parse_cpuinfo(host.read("proc/cpuinfo")), net_names, subsystem_ids, gdr)
 
 
+@dataclass(frozen=True, slots=True)
+class NcclFile:
+    text: str
+    warnings: tuple[HostWarning, ...]
+
+
 def host_nccl_xml(host: HostRoot, topology: Topology, *, gpus: Iterable[int] | None = None,
-                  cpus: Iterable[int] | None = None, nics: Iterable[str] | None = None) -> str:
+                  cpus: Iterable[int] | None = None, nics: Iterable[str] | None = None) -> NcclFile:
     """The NCCL topology XML of a host (or of a subset of its GPUs and CPUs), with the
     facts only the host tree knows: what `topoctl export nccl` and the daemon write."""
     facts = read_nccl_host_facts(host, topology)
     system = build_nccl_xml(topology, gpus=gpus, cpus=cpus, cpu_identity=facts.cpu_identity,
                             net_names=facts.net_names, subsystem_ids=facts.subsystem_ids, gdr=facts.gdr,
                             nics=nics)
-    return render_nccl_xml(system)
+    return NcclFile(render_nccl_xml(system), tuple(identity_warnings(system)))
+
+
+def identity_warnings(system: Element) -> list[HostWarning]:
+    """The file's <cpu> elements NCCL cannot build its topology from (see the module's
+    note): any without `arch`, unless it is the only one and holds a GPU, which each rank
+    fills alike from the machine."""
+    cpus = [child for child in system.children if child.name == "cpu"]
+    unknown = [cpu for cpu in cpus if all(key != "arch" for key, _ in cpu.attrs)]
+    if not unknown or (len(cpus) == 1 and _holds(cpus[0], "gpu")):
+        return []
+    nodes = ", ".join(value for cpu in unknown for key, value in cpu.attrs if key == "numaid")
+    return [HostWarning("nccl_cpu_identity_unknown", "proc/cpuinfo",
+                        f"no CPU identity (vendor_id, CPU implementer or cpu line), so the <cpu> elements of NUMA "
+                        f"node(s) {nodes} have no arch: NCCL fills it only on the CPU above a rank's own GPU and "
+                        f"fails to build its topology from this file (\"Attribute arch of node cpu not found\")")]
+
+
+def _holds(element: Element, name: str) -> bool:
+    return any(child.name == name or _holds(child, name) for child in element.children)

@@ -178,10 +178,24 @@ def _cpumask(cpus: list[int], count: int) -> str:
     return ",".join(f"{(value >> (32 * i)) & 0xFFFFFFFF:08x}" for i in reversed(range(words)))
 
 
+# /proc/cpuinfo's identity lines per [cpu] identity (as the kernel prints them): NCCL's
+# topology needs a CPU's arch, and on x86 its vendor, family and model (topod.export.nccl).
+CPU_IDENTITIES = {
+    "intel": "vendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 143\n"
+             "model name\t: Intel(R) Xeon(R) Platinum 8480+\n",
+    "amd": "vendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+           "model name\t: AMD EPYC 9654 96-Core Processor\n",
+    "grace": "BogoMIPS\t: 2000.00\nCPU implementer\t: 0x41\nCPU architecture: 8\nCPU variant\t: 0x0\n"
+             "CPU part\t: 0xd4f\nCPU revision\t: 0\n",
+    "none": "",  # a tree whose cpuinfo says nothing of the CPU
+}
+
+
 def _write_proc(write: _Writer, layout: CpuLayout, functions: list[Function], spec: dict) -> None:
     online = layout.online()
+    identity = CPU_IDENTITIES[spec.get("cpu", {}).get("identity", "intel")]
     write("proc/cpuinfo", "".join(
-        f"processor\t: {c}\nphysical id\t: {layout.socket_of(c)}\ncore id\t\t: "
+        f"processor\t: {c}\n{identity}physical id\t: {layout.socket_of(c)}\ncore id\t\t: "
         f"{layout.core_of(c) % layout.cores_per_socket}\n\n" for c in online))
     total_kib = layout.memory_gib_per_node * 1024 * 1024 * len(layout.distances)
     write("proc/meminfo", f"MemTotal:       {total_kib} kB\nMemFree:        {total_kib // 2} kB\n")

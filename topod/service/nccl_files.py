@@ -25,6 +25,7 @@ class NcclFiles:
         self.host = host
         self._topology = topology
         self._config = config
+        self._said: set[str] = set()  # warnings logged already
 
     def _enabled(self) -> bool:
         return bool(self._config().get("export", "write_nccl_topology"))
@@ -33,11 +34,20 @@ class NcclFiles:
         from topod.export.nccl import host_nccl_xml, write_nccl_topology
 
         try:
-            write_nccl_topology(host_nccl_xml(self.host, self._topology(), **subset), path=path)
+            written = host_nccl_xml(self.host, self._topology(), **subset)
+            write_nccl_topology(written.text, path=path)
         except (OSError, TopodError, ValueError) as exc:
             log.warning("nccl_topology_not_written", path=path, reason=str(exc))
             return False
+        self._say_once(written.warnings, path)
         return True
+
+    def _say_once(self, warnings, path: str) -> None:  # noqa: ANN001 - HostWarning records
+        """A file NCCL cannot use (no CPU identity) is said once per reason, not per lease."""
+        for warning in warnings:
+            if warning.reason not in self._said:
+                self._said.add(warning.reason)
+                log.warning("nccl_topology_incomplete", path=path, code=warning.code, reason=warning.reason)
 
     def write_host(self) -> None:
         if not self._enabled() or not self._topology().gpus:
@@ -76,11 +86,13 @@ class NcclFiles:
         path = lease.environment["NCCL_TOPO_FILE"]
         try:
             nics = sorted({nic.address for placement in lease.decision.placements for nic in placement.nics})
-            text = host_nccl_xml(self.host, self._topology(), gpus=list(lease.gpus), cpus=list(lease.cpus) or None,
-                                 nics=nics or None)  # a lease with NICs sees only its own
-            _write_owned(Path(path), text.encode("ascii"), lease.owner_uid, lease.owner_gid)
+            written = host_nccl_xml(self.host, self._topology(), gpus=list(lease.gpus),
+                                    cpus=list(lease.cpus) or None, nics=nics or None)  # a lease with NICs sees only its own
+            _write_owned(Path(path), written.text.encode("ascii"), lease.owner_uid, lease.owner_gid)
         except (OSError, TopodError, ValueError) as exc:
             log.warning("nccl_topology_not_written", path=path, reason=str(exc))
+            return
+        self._say_once(written.warnings, path)
 
     def remove_lease(self, lease) -> None:  # noqa: ANN001 - Lease
         path = lease.environment.get("NCCL_TOPO_FILE")
