@@ -2,6 +2,9 @@
 
 import json
 import re
+import shutil
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -103,3 +106,16 @@ def test_each_cpus_hyper_thread_siblings_are_its_lstopo_core(name, extracted):
         assert len(ours) * 2 == len(theirs)
     else:
         assert ours == theirs
+
+
+@pytest.mark.skipif(shutil.which("lstopo-no-graphics") is None, reason="hwloc's lstopo is not installed")
+def test_the_lstopo_comparison_script_agrees_on_the_vendored_corpus_but_for_64amd64s_cores():
+    # scripts/lstopo_compare.py, which README's hwloc-suite figures come from, run live
+    out = subprocess.run([sys.executable, str(REPO / "scripts/lstopo_compare.py"), str(CORPUS)],
+                         capture_output=True, text=True, check=True, timeout=300).stdout
+    differing = [line.split(":")[0] for line in out.splitlines() if line.endswith(": differs")]
+    assert differing == ["64amd64-4s2n4ca2co"], out
+    totals = dict(part.rsplit(" ", 1) for part in out.splitlines()[-1].removeprefix("totals: ").split(", "))
+    assert totals["numa nodes agreeing"] == totals["numa nodes"]
+    assert totals["PCI functions agreeing"] == totals["PCI functions"] and int(totals["PCI functions"]) > 60
+    assert int(totals["trees whose cores agree"]) == int(totals["trees"]) - 1 == len(HOSTS) - 1
