@@ -6,7 +6,6 @@ or the host's possible CPUs) raises CpuListRangeError instead of expanding, so
 
 from __future__ import annotations
 
-from topod.sysnames import is_hex
 
 # More than any kernel's NR_CPUS (8,192 on the largest distribution configs).
 MAX_CPUS = 1 << 16
@@ -90,23 +89,29 @@ _CACHED_MASKS = 256
 _MASKS: dict[tuple[str, int], tuple[int, ...]] = {}
 
 
+_NOT_MASK = str.maketrans("", "", "0123456789abcdefABCDEF,")
+
+
 def _cpumask(text: str, limit: int) -> tuple[int, ...]:
     words = text.split(",")
-    if not all(is_hex(word, 1, 8) for word in words):
+    if text.translate(_NOT_MASK) or not all(0 < len(word) <= 8 for word in words):
         raise ValueError(f"bad cpumask {_short(text)}")
+    if all(len(word) == 8 for word in words[1:]):
+        # As the kernel prints them (only the first word may be short): one number. A
+        # host with NR_CPUS=8192 pads each mask to 256 words, nearly all zero.
+        value = int(text.replace(",", ""), 16)
+    else:
+        value = 0
+        for word in words:
+            value = (value << 32) | int(word, 16)
+    if value.bit_length() > limit:
+        raise CpuListRangeError(f"cpumask {_short(text)} sets CPU {value.bit_length() - 1}, "
+                                f"beyond the {limit}-CPU limit")
     cpus: list[int] = []
-    for position, word in enumerate(reversed(words)):
-        value = int(word, 16)
-        if not value:
-            continue
-        base = 32 * position
-        if base + value.bit_length() > limit:
-            raise CpuListRangeError(f"cpumask {_short(text)} sets CPU {base + value.bit_length() - 1}, "
-                                    f"beyond the {limit}-CPU limit")
-        while value:
-            low = value & -value
-            cpus.append(base + low.bit_length() - 1)
-            value ^= low
+    while value:
+        low = value & -value
+        cpus.append(low.bit_length() - 1)
+        value ^= low
     return tuple(cpus)
 
 

@@ -141,3 +141,15 @@ def test_the_remembered_masks_stay_bounded_whatever_the_host_sends():
     everything = ",".join(["ffffffff"] * 32)  # 1,024 CPUs: parsed, not kept
     assert len(cpulist.parse_cpumask(everything)) == 1024
     assert not cpulist._MASKS
+
+
+def test_short_words_count_as_32_bits_each_wherever_they_are():
+    # The kernel shortens only the first word (NR_CPUS not a multiple of 32); a short
+    # word further on is still one 32-bit word, not digits run together with the next.
+    assert parse_cpumask("f,0000000f") == [0, 1, 2, 3, 32, 33, 34, 35]
+    assert parse_cpumask("f,f") == [0, 1, 2, 3, 32, 33, 34, 35]
+    assert parse_cpumask("1,0,00000002") == [1, 64]
+    with pytest.raises(ValueError):
+        parse_cpumask("0x0000ff")  # int() would read it; a mask never holds it
+    with pytest.raises(ValueError):
+        parse_cpumask("0000_00ff")
