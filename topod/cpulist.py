@@ -6,7 +6,6 @@ or the host's possible CPUs) raises CpuListRangeError instead of expanding, so
 
 from __future__ import annotations
 
-
 # More than any kernel's NR_CPUS (8,192 on the largest distribution configs).
 MAX_CPUS = 1 << 16
 

@@ -332,3 +332,15 @@ def test_cpu_elements_without_arch_are_a_warning_unless_one_holds_every_gpu(host
     assert [c.name for c in nics_only.children] == ["cpu"] and identity_warnings(nics_only) != []
     identified = build_nccl_xml(topology, cpu_identity=parse_cpuinfo("vendor_id : GenuineIntel\ncpu family : 6\n"))
     assert identity_warnings(identified) == []
+
+
+def test_fixture_cpuinfo_names_the_spec_cpu_and_refuses_an_unknown_one(tmp_path):
+    from topod.hostspec import build_host, load_builtin_spec
+
+    spec = load_builtin_spec("vm-nogpu")
+    spec["cpu"]["identity"] = "none"
+    tree = build_host(spec, tmp_path / "none")
+    assert parse_cpuinfo((tree / "proc/cpuinfo").read_text()).arch is None
+    spec["cpu"]["identity"] = "sparc"
+    with pytest.raises(ConfigError, match=r"\[cpu\] identity 'sparc' is not one of intel, amd, grace, none"):
+        build_host(spec, tmp_path / "sparc")

@@ -193,7 +193,10 @@ CPU_IDENTITIES = {
 
 def _write_proc(write: _Writer, layout: CpuLayout, functions: list[Function], spec: dict) -> None:
     online = layout.online()
-    identity = CPU_IDENTITIES[spec.get("cpu", {}).get("identity", "intel")]
+    name = spec.get("cpu", {}).get("identity", "intel")
+    if name not in CPU_IDENTITIES:
+        raise ConfigError(f"host spec: [cpu] identity {name!r} is not one of {', '.join(CPU_IDENTITIES)}")
+    identity = CPU_IDENTITIES[name]
     write("proc/cpuinfo", "".join(
         f"processor\t: {c}\n{identity}physical id\t: {layout.socket_of(c)}\ncore id\t\t: "
         f"{layout.core_of(c) % layout.cores_per_socket}\n\n" for c in online))
