@@ -127,11 +127,11 @@ def test_export_nccl_on_a_tree_without_cpu_identity_warns_that_nccl_cannot_use_i
     assert "topoctl: warning: [nccl_cpu_identity_unknown] proc/cpuinfo:" in err
     assert "NUMA node(s) 0, 1 have no arch" in err and "Attribute arch of node cpu not found" in err
     assert all(cpu.get("arch") is None for cpu in ET.parse(out).getroot().iter("cpu"))
-    assert main(["export", "nccl", "--root", h800_tree_with_identity(tree), "--output", str(out)]) == 0
+    assert main(["export", "nccl", "--root", _with_cpu_identity(tree), "--output", str(out)]) == 0
     assert "nccl_cpu_identity_unknown" not in capsys.readouterr().err
 
 
-def h800_tree_with_identity(tree):
+def _with_cpu_identity(tree):
     (tree / "proc/cpuinfo").write_text("processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 143\n\n")
     return str(tree)
 
