@@ -316,6 +316,9 @@ def test_every_cpu_element_carries_the_identity_nccl_builds_its_topology_from(ho
     assert len(cpus) >= 2
     assert {(c.get("arch"), c.get("vendor"), c.get("familyid"), c.get("modelid")) for c in cpus} == {identity}
     assert written.warnings == ()
+    # every <pci> with the subsystem ids NCCL's ranks would otherwise fill unequally
+    pci = list(ET.fromstring(written.text).iter("pci"))
+    assert pci and all(p.get("subsystem_vendor") and p.get("subsystem_device") for p in pci)
 
 
 def test_cpu_elements_without_arch_are_a_warning_unless_one_holds_every_gpu(host_of):

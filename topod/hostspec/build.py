@@ -146,6 +146,10 @@ def _write_function(write: _Writer, f: Function, layout: CpuLayout) -> None:
     base = f.path
     write(f"{base}/vendor", f"0x{f.vendor:04x}\n")
     write(f"{base}/device", f"0x{f.device:04x}\n")
+    # A reference board's subsystem ids are its chip's (NCCL's XML carries them, and its
+    # ranks must agree on every attribute of a shared switch).
+    write(f"{base}/subsystem_vendor", f"0x{f.vendor:04x}\n")
+    write(f"{base}/subsystem_device", f"0x{f.device:04x}\n")
     write(f"{base}/class", f"0x{f.class_code:06x}\n")
     write(f"{base}/numa_node", f"{f.numa_node}\n")
     write(f"{base}/local_cpulist", format_cpulist(f.local_cpus) + "\n")
