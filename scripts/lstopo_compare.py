@@ -40,11 +40,15 @@ def cpuset(text: str | None) -> frozenset[int]:
 
 
 def lstopo_view(root: Path) -> tuple[dict[int, frozenset[int]], set[frozenset[int]], dict[str, tuple]]:
-    """(NUMA node -> CPUs, cores, PCI bus id -> (parent bridge's bus id, local CPUs))."""
     xml = subprocess.run(["lstopo-no-graphics", "--whole-system", "--whole-io", "--of", "xml", "-"],
                          capture_output=True, text=True, check=True,
                          env=dict(os.environ, HWLOC_FSROOT=str(root), HWLOC_THISSYSTEM="0",
                                   HWLOC_SHOW_ERRORS="none")).stdout
+    return parse_lstopo_xml(xml)
+
+
+def parse_lstopo_xml(xml: str) -> tuple[dict[int, frozenset[int]], set[frozenset[int]], dict[str, tuple]]:
+    """(NUMA node -> CPUs, cores, PCI bus id -> (parent bridge's bus id, local CPUs))."""
     numa: dict[int, frozenset[int]] = {}
     cores: set[frozenset[int]] = set()
     pci: dict[str, tuple] = {}

@@ -11,16 +11,13 @@ import pytest
 
 from topod.discover import discover
 from topod.errors import ConfigError
-from topod.export.nccl import (
+from topod.export.nccl import build_nccl_xml, cpumask, nccl_parents, render_nccl_xml
+from topod.export.nccl_host import (
     DEFAULT_PATH,
-    build_nccl_xml,
-    cpumask,
     host_nccl_xml,
     identity_warnings,
-    nccl_parents,
     parse_cpuinfo,
     read_nccl_host_facts,
-    render_nccl_xml,
     write_nccl_topology,
 )
 from topod.host import HostRoot
@@ -34,10 +31,7 @@ def host_of(readonly_host):
 
 def export(host_of, name: str, **kwargs) -> tuple[ET.Element, str]:
     host, topology = host_of(name)
-    facts = read_nccl_host_facts(host, topology)
-    text = render_nccl_xml(build_nccl_xml(
-        topology, cpu_identity=facts.cpu_identity, net_names=facts.net_names,
-        subsystem_ids=facts.subsystem_ids, gdr=facts.gdr, **kwargs))
+    text = host_nccl_xml(host, topology, **kwargs).text
     return ET.fromstring(text), text
 
 

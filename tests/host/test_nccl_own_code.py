@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from topod.discover import discover
-from topod.export.nccl import host_nccl_xml
+from topod.export.nccl_host import host_nccl_xml
 from topod.host import HostRoot
 from topod.hostspec import builtin_spec_names, load_builtin_spec
 

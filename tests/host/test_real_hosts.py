@@ -78,18 +78,10 @@ def test_plx_switches_with_infiniband_behind_them_are_grouped(extracted):
 
 
 def _lstopo_cores(name: str) -> set[frozenset[int]]:
-    """The CPUs of each Core in the host's lstopo XML (hwloc writes a cpuset as 32-bit
-    words, highest first; a zero word may be left empty: '0x00000004,,0x0' is CPU 66)."""
-    import xml.etree.ElementTree as ET
+    """The CPUs of each Core in the host's stored lstopo XML, read as scripts/lstopo_compare.py reads it."""
+    from scripts.lstopo_compare import parse_lstopo_xml
 
-    cores = set()
-    for core in ET.parse(CORPUS / f"{name}.lstopo.xml").iter("object"):
-        if core.get("type") == "Core":
-            value = 0
-            for word in core.get("cpuset").split(","):
-                value = (value << 32) | int(word or "0", 16)
-            cores.add(frozenset(cpu for cpu in range(value.bit_length()) if value >> cpu & 1))
-    return cores
+    return parse_lstopo_xml((CORPUS / f"{name}.lstopo.xml").read_text())[1]
 
 
 @pytest.mark.parametrize("name", HOSTS)

@@ -155,7 +155,7 @@ def run_slurm(args: argparse.Namespace) -> int:
 
 
 def run_nccl(args: argparse.Namespace) -> int:
-    from topod.export.nccl import host_nccl_xml, write_nccl_topology
+    from topod.export.nccl_host import host_nccl_xml, write_nccl_topology
 
     gpus = _cpus(args.gpus, "--gpus") if args.gpus is not None else None
     cpus = _cpus(args.cpus, "--cpus") if args.cpus is not None else None

@@ -40,11 +40,13 @@ def read_cpulist_file(host: HostRoot, rel: str, notes: Notes, *, required: bool 
         return None
 
 
-def read_cpu_set(host: HostRoot, list_rel: str, mask_rel: str, notes: Notes) -> list[int] | None:
+def read_cpu_set(host: HostRoot, list_rel: str, mask_rel: str, notes: Notes,
+                 instead: str = "ignored") -> list[int] | None:
     """A CPU set from its list file, else from the mask file beside it: older kernels
     (hwloc's 16em64t, 96em64t and 256ia64 trees, among others) have only the masks
-    (topology/thread_siblings, cache/indexN/shared_cpu_map). None when neither is there
-    or usable (said in the notes)."""
+    (topology/thread_siblings, cache/indexN/shared_cpu_map, a node's cpumap). None when
+    neither is there or usable; an unusable mask is noted, ending with `instead` (what
+    the caller does without it)."""
     listed = read_cpulist_file(host, list_rel, notes)
     if listed is not None:
         return listed
@@ -54,9 +56,9 @@ def read_cpu_set(host: HostRoot, list_rel: str, mask_rel: str, notes: Notes) -> 
     try:
         return parse_cpumask(text, notes.cpu_limit)
     except CpuListRangeError as exc:
-        notes.add("cpulist_out_of_range", mask_rel, f"{exc}; ignored")
+        notes.add("cpulist_out_of_range", mask_rel, f"{exc}; {instead}")
     except ValueError:
-        notes.add("bad_value", mask_rel, "not a CPU mask; ignored")
+        notes.add("bad_value", mask_rel, f"not a CPU mask; {instead}")
     return None
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from topod.cpulist import CpuListRangeError, format_cpulist, parse_cpumask
-from topod.discover.cpus import read_cpulist_file
+from topod.cpulist import format_cpulist
+from topod.discover.cpus import read_cpu_set
 from topod.discover.hugepages import read_node_hugepages
 from topod.discover.notes import Notes
 from topod.host import HostRoot
@@ -96,17 +96,9 @@ def without_overlapping_nodes(nodes: list[NumaNode], notes: Notes) -> list[NumaN
 
 def _read_node_cpus(host: HostRoot, base: str, notes: Notes) -> list[int]:
     """cpulist, else cpumap, else the cpuN links (old kernels have only some of them)."""
-    listed = read_cpulist_file(host, f"{base}/cpulist", notes)
+    listed = read_cpu_set(host, f"{base}/cpulist", f"{base}/cpumap", notes, instead="used the cpuN entries")
     if listed is not None:
         return listed
-    text = host.read(f"{base}/cpumap")
-    if text is not None:
-        try:
-            return parse_cpumask(text, notes.cpu_limit)
-        except CpuListRangeError as exc:
-            notes.add("cpulist_out_of_range", f"{base}/cpumap", f"{exc}; used the cpuN entries")
-        except ValueError:
-            notes.add("bad_value", f"{base}/cpumap", "not a CPU mask; used the cpuN entries")
     entries = [cpu for name in host.listdir(base)
                if (cpu := numbered(name, "cpu")) is not None and cpu < notes.cpu_limit]
     if not entries and not host.exists(f"{base}/cpumap"):

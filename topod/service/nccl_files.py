@@ -31,7 +31,7 @@ class NcclFiles:
         return bool(self._config().get("export", "write_nccl_topology"))
 
     def _write(self, path: str, **subset) -> bool:  # noqa: ANN003 - gpus, cpus
-        from topod.export.nccl import host_nccl_xml, write_nccl_topology
+        from topod.export.nccl_host import host_nccl_xml, write_nccl_topology
 
         try:
             written = host_nccl_xml(self.host, self._topology(), **subset)
@@ -81,7 +81,7 @@ class NcclFiles:
     def write_lease(self, lease) -> None:  # noqa: ANN001 - Lease
         if not self.lease_has_files(lease):
             return
-        from topod.export.nccl import host_nccl_xml
+        from topod.export.nccl_host import host_nccl_xml
 
         path = lease.environment["NCCL_TOPO_FILE"]
         try:
