@@ -7,6 +7,7 @@ host), through a LeanConnection on a recording transport, so each step is exact.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import time
@@ -207,3 +208,34 @@ def test_a_request_refused_just_before_a_release_is_served_when_it_starts_to_wai
     lease, waited = asyncio.run(scenario())
     assert len(lease.gpus) == 2 and waited < 1.0, waited
     assert service.waiters == []
+
+
+def test_a_served_connection_is_freed_without_the_cyclic_collector(service):
+    """The request's parser holds the connection's callbacks; kept on the connection, the
+    pair was a cycle per request, freed only by the collector (issue 26)."""
+    async def scenario():
+        connection, transport = _connection(service)
+        connection.data_received(_post(GRANT))
+        await _until(lambda: transport.written)
+        lease_id = _answer(transport.written)[1]["id"]
+        transport.close()
+        connection.connection_lost(None)
+        released, released_transport = _connection(service)
+        released.data_received(f"DELETE /v1/leases/{lease_id} HTTP/1.1\r\nHost: t\r\n\r\n".encode())
+        await _until(lambda: released_transport.written)
+        assert _answer(released_transport.written)[0] == 200
+        released_transport.close()
+        released.connection_lost(None)
+
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        asyncio.run(scenario())
+        gc.collect()
+        left = sorted({type(item).__name__ for item in gc.garbage} & {"LeanConnection", "HttpRequestParser"})
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert left == []
