@@ -7,7 +7,7 @@ import errno
 from pathlib import Path
 
 import pytest
-from irq_helpers import Clock, Kernel, built_host, delivered, device_irqs, irq_root
+from irq_helpers import Clock, Kernel, advance_interrupts, built_host, delivered, device_irqs, irq_root
 
 from topod.host import HostRoot
 from topod.irq import IrqBalancer, IrqSettings
@@ -152,6 +152,7 @@ def test_a_verdict_drawn_from_two_irqs_does_not_hold_the_others_back_for_good(h8
     first, second = device_irqs(root, "rdma")[sorted(device_irqs(root, "rdma"))[0]][2:4]
     for irq in (first, second):
         (root / f"proc/irq/{irq}/smp_affinity_list").write_text("0-63\n")
+    advance_interrupts(root, {first: 1, second: 1})  # they fire: their affinity is read again
     kernel = Kernel(host, faults={first: [999] * 9, second: [999] * 9})
     clock.advance(10)
     report = balancer.cycle(topology)
@@ -160,6 +161,7 @@ def test_a_verdict_drawn_from_two_irqs_does_not_hold_the_others_back_for_good(h8
     third = device_irqs(root, "rdma")[sorted(device_irqs(root, "rdma"))[1]][2]
     third_home = delivered(root, third)
     (root / f"proc/irq/{third}/smp_affinity_list").write_text("0-63\n")
+    advance_interrupts(root, {third: 1})
     events = []
     for _ in range(4):
         clock.advance(10)

@@ -160,7 +160,9 @@ class IrqBalancer(CycleWrites):
         irqs = self._classify(topology, snapshot.interrupts)
         self._forget_vanished(irqs)
         leased = frozenset(leased_cpus)
-        affinity = dict(snapshot.affinity)  # kept current with every write from here on
+        # Kept current with every write from here on; the next snapshot keeps the entries
+        # of IRQs that stayed quiet from it (read_affinities).
+        affinity = snapshot.affinity
         plan = self._plan(topology, irqs, affinity, load, leased, now)
         notes = list(snapshot.warnings) + list(plan.notes)
         if no_rate:

@@ -47,6 +47,12 @@ class IsolationTask:
         """Whether the daemon runs the isolate loop at all."""
         return self.affinity is not None or self.method() == "cgroup"
 
+    def polls(self, leased: bool) -> bool:
+        """Whether the loop must look again every interval: while CPUs are leased (new
+        processes to keep off them) or while threads or slices it narrowed are recorded (to
+        give back). Otherwise only a lease change or a reload brings it anything to do."""
+        return leased or bool(self.slices.record) or (self.affinity is not None and bool(self.affinity.record))
+
     def method(self) -> str | None:
         """cgroup (the slices) or affinity (the threads); None: nothing can be isolated here."""
         method = self._config().get("isolate", "method")
