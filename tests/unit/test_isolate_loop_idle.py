@@ -52,7 +52,7 @@ def test_with_nothing_leased_it_applies_once_then_waits(monkeypatch):
 
 def test_a_lease_change_wakes_it(monkeypatch):
     monkeypatch.setattr(daemon_loops, "ISOLATE_IDLE_SECONDS", 60.0)
-    assert asyncio.run(_applied_within(Loops([]), 0.2, poke_after=0.1)) == 2
+    assert asyncio.run(_applied_within(Loops([]), 0.6, poke_after=0.3)) == 2
 
 
 @pytest.mark.parametrize("leases, recorded", [([SimpleNamespace(owner_pid=None)], False), ([], True)])
