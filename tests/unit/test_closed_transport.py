@@ -75,3 +75,53 @@ def test_other_transports_are_left_as_they_are(transport):
     before = dict(getattr(transport, "__dict__", {}))
     forget_read_callback(transport)
     assert dict(getattr(transport, "__dict__", {})) == before
+
+
+def test_a_connection_aiohttp_served_leaves_no_transport_garbage(tmp_path):
+    """The same for every connection the API hands to aiohttp (GatedRequestHandler)."""
+    from aiohttp import web
+
+    from topod.service.connection_gate import ConnectionGate
+    from topod.service.server import GatedSockSite
+
+    async def ping(request):
+        return web.json_response({"ok": True})
+
+    def fetch() -> bytes:  # a plain blocking client: no asyncio transport of its own
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+            client.connect(str(tmp_path / "api.sock"))
+            client.sendall(b"GET /ping HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+            data = b""
+            while chunk := client.recv(65536):
+                data += chunk
+        return data
+
+    async def scenario() -> int:
+        app = web.Application()
+        app.router.add_get("/ping", ping)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        listen = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listen.bind(str(tmp_path / "api.sock"))
+        site = GatedSockSite(runner, listen, ConnectionGate(16), {"access_log": None})
+        await site.start()
+        try:
+            for _ in range(3):
+                assert (await asyncio.to_thread(fetch)).startswith(b"HTTP/1.1 200")
+            await asyncio.sleep(0.05)  # the server's side of each close
+        finally:
+            await runner.cleanup()
+        gc.collect()
+        served = [item for item in gc.garbage if type(item).__name__ == "_SelectorSocketTransport"]
+        return len(served)
+
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        left = asyncio.run(scenario())
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert left == 0

@@ -28,6 +28,7 @@ from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
 from topod.api.answers import HTTP_CODES, error_response, internal_error
+from topod.api.closed_transport import forget_read_callback
 from topod.api.peer import peer_uid
 from topod.api.server import routes
 from topod.config import Config, parse_listen_address
@@ -153,6 +154,7 @@ class GatedRequestHandler(RequestHandler):
             transport.close()  # flushes what was written, then frees the descriptor
 
     def connection_lost(self, exc: BaseException | None) -> None:
+        forget_read_callback(self.transport)  # before aiohttp drops it (topod.api.closed_transport)
         if self._lingering:
             self._lingering = False
             self._gate.lingering = max(0, self._gate.lingering - 1)
