@@ -13,7 +13,6 @@ import time
 
 import pytest
 
-from topod.client import Client
 from topod.service.connection_gate import ConnectionGate
 
 NOBODY = 65534

@@ -7,13 +7,13 @@ host), through a LeanConnection on a recording transport, so each step is exact.
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import os
 import time
 from types import SimpleNamespace
 
 import pytest
+from cyclic_garbage import garbage_after
 
 from topod.api.leanhttp import LeanConnection
 from topod.service import lease_writer
@@ -227,15 +227,6 @@ def test_a_served_connection_is_freed_without_the_cyclic_collector(service):
         released_transport.close()
         released.connection_lost(None)
 
-    gc.collect()
-    gc.disable()
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    try:
-        asyncio.run(scenario())
-        gc.collect()
-        left = sorted({type(item).__name__ for item in gc.garbage} & {"LeanConnection", "HttpRequestParser"})
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-        gc.enable()
+    _, garbage = garbage_after(lambda: asyncio.run(scenario()))
+    left = sorted(set(garbage) & {"LeanConnection", "HttpRequestParser"})
     assert left == []

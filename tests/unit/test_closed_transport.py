@@ -5,11 +5,11 @@ off a young-generation collection every ~30 round trips under saturation)."""
 from __future__ import annotations
 
 import asyncio
-import gc
 import socket
 from types import SimpleNamespace
 
 import pytest
+from cyclic_garbage import garbage_after
 
 from topod.api.closed_transport import forget_read_callback
 
@@ -42,19 +42,11 @@ def _garbage_transports_after_a_connection(forget: bool) -> tuple[int, bool]:
         return had_callback
 
     loop = asyncio.new_event_loop()
-    gc.collect()
-    gc.disable()
-    gc.set_debug(gc.DEBUG_SAVEALL)
     try:
-        had_callback = loop.run_until_complete(scenario())
-        gc.collect()
-        left = sum(1 for item in gc.garbage if type(item).__name__ == "_SelectorSocketTransport")
+        had_callback, left = garbage_after(lambda: loop.run_until_complete(scenario()))
     finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-        gc.enable()
         loop.close()
-    return left, had_callback
+    return left["_SelectorSocketTransport"], had_callback
 
 
 def test_a_closed_transport_leaves_no_cyclic_garbage():
@@ -96,7 +88,7 @@ def test_a_connection_aiohttp_served_leaves_no_transport_garbage(tmp_path):
                 data += chunk
         return data
 
-    async def scenario() -> int:
+    async def scenario() -> None:
         app = web.Application()
         app.router.add_get("/ping", ping)
         runner = web.AppRunner(app, access_log=None)
@@ -111,17 +103,6 @@ def test_a_connection_aiohttp_served_leaves_no_transport_garbage(tmp_path):
             await asyncio.sleep(0.05)  # the server's side of each close
         finally:
             await runner.cleanup()
-        gc.collect()
-        served = [item for item in gc.garbage if type(item).__name__ == "_SelectorSocketTransport"]
-        return len(served)
 
-    gc.collect()
-    gc.disable()
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    try:
-        left = asyncio.run(scenario())
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-        gc.enable()
-    assert left == 0
+    _, left = garbage_after(lambda: asyncio.run(scenario()))
+    assert left["_SelectorSocketTransport"] == 0

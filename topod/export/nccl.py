@@ -11,10 +11,10 @@ general XML parser: no <?xml?> declaration, attributes separated by one space, v
 in double quotes with no escapes, `<x/>` without a space, 2-space indent. The PCI
 nesting is the one ncclTopoGetXmlFromSys builds from a sysfs path: walking up two
 levels at a time, so PCIe switch upstream ports become nested <pci> elements and
-downstream ports and root ports disappear. Attributes topod does not know (subsystem
-ids, GDR support, NIC speed) are left out so that NCCL fills them itself, rather than
-written as guesses; what only the host tree knows (the CPU's identity among them) is
-read by topod.export.nccl_host.
+downstream ports and root ports disappear. What only the host tree knows (the CPU's
+identity, NIC names, subsystem ids, GDR support) is read by topod.export.nccl_host and
+passed in; an attribute it could not read (and NIC speed, always) is left out so that
+NCCL fills it itself, rather than written as a guess.
 """
 
 from __future__ import annotations
