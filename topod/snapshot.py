@@ -22,9 +22,10 @@ from topod.outfile import replaced_whole
 from topod.sysnames import is_pci_address
 
 CPU_FILES = ("online", "possible", "present", "offline", "isolated", "nohz_full", "kernel_max")
+# The masks beside the lists: discovery reads them where a kernel has no list (read_cpu_set).
 CPU_TOPOLOGY = ("core_id", "physical_package_id", "die_id", "thread_siblings_list", "core_cpus_list",
-                "package_cpus_list", "core_siblings_list")
-CACHE_FILES = ("level", "type", "shared_cpu_list", "size", "id")
+                "package_cpus_list", "core_siblings_list", "thread_siblings", "core_cpus")
+CACHE_FILES = ("level", "type", "shared_cpu_list", "shared_cpu_map", "size", "id")
 NODE_FILES = ("cpulist", "cpumap", "distance", "meminfo")
 HUGEPAGE_FILES = ("nr_hugepages", "free_hugepages", "surplus_hugepages")
 PCI_FILES = ("vendor", "device", "class", "numa_node", "local_cpus", "local_cpulist", "current_link_speed",

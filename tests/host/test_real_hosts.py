@@ -111,3 +111,18 @@ def test_the_lstopo_comparison_script_agrees_on_the_vendored_corpus_but_for_64am
     assert totals["numa nodes agreeing"] == totals["numa nodes"]
     assert totals["PCI functions agreeing"] == totals["PCI functions"] and int(totals["PCI functions"]) > 60
     assert int(totals["trees whose cores agree"]) == int(totals["trees"]) - 1 == len(HOSTS) - 1
+
+
+@pytest.mark.parametrize("name", HOSTS)
+def test_a_snapshot_of_each_real_tree_discovers_as_the_tree_does(name, extracted, tmp_path):
+    """`topoctl snapshot` carries every file discovery reads, the kernel's older mask files
+    too (16em64t has thread_siblings and shared_cpu_map, no lists)."""
+    from topod.snapshot import write_snapshot
+    from topod.topojson import topology_to_json
+
+    write_snapshot(HostRoot(extracted(name)), str(tmp_path / "snap.tar.gz"), "snap")
+    with tarfile.open(tmp_path / "snap.tar.gz") as archive:
+        archive.extractall(tmp_path / "x", filter="tar")
+    original = topology_to_json(discover(HostRoot(extracted(name)), live_nvml=False))
+    copied = topology_to_json(discover(HostRoot(tmp_path / "x" / "snap"), live_nvml=False))
+    assert {**copied, "root": None} == {**original, "root": None}
