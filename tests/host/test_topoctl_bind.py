@@ -70,6 +70,14 @@ def test_cpus_this_host_lacks_are_exit_2(tmp_path):
     assert not marker.exists()
 
 
+def test_cpus_this_host_lacks_beside_ones_it_has_run_on_those_with_a_warning_naming_the_rest():
+    done = _bind({**LEASE_ENV, "TOPOD_GPU_CPUS": f"3:{CPUS[0]},4000-4001", "LOCAL_RANK": "0"})
+    assert done.returncode == 0, done.stderr
+    assert _allowed(done.stdout) == str(CPUS[0])
+    assert (f"rank 0: WARNING: pinned to CPUs {CPUS[0]} only: the lease's CPUs 4000-4001 are not available"
+            in done.stderr)
+
+
 def test_no_rank_and_no_lease_are_usage_errors():
     assert "no local rank" in _bind(LEASE_ENV).stderr
     done = _bind({"LOCAL_RANK": "0"})
