@@ -66,5 +66,5 @@ def test_a_lease_pinned_to_only_some_of_its_cpus_says_which_are_missing(daemon_f
 def test_partial_pinning_names_exactly_the_cpus_the_job_lacks():
     assert partial_pinning([0, 1, 2, 3], {0, 1, 2, 3}) is None
     assert partial_pinning([], set()) is None
-    said = partial_pinning([0, 1, 2, 32, 33], {0, 1})
-    assert said.startswith("pinned to CPUs 0-1 only: the lease's CPUs 2,32-33 are not available")
+    said = partial_pinning([0, 1, 2, 32, 33, 34], {0, 1})  # README's example
+    assert said.startswith("pinned to CPUs 0-1 only: the lease's CPUs 2,32-34 are not available to this process (")
