@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -99,3 +100,19 @@ def test_gpu_memory_node_joins_only_when_asked():
     assert rank_binding(env, gpu_memory=True).memory_nodes == (0, 9)
     assert rank_binding(env).visible_device == "GPU-bbb"
     assert rank_binding({**env, "TOPOD_GPU_NODES": "3:;5:"}).memory_nodes == ()
+
+
+def test_bind_local_rank_reports_the_cpus_the_kernel_kept_and_what_is_missing():
+    """The Python client's binding says the same as `topoctl bind` (run in a child: it
+    pins the calling process)."""
+    script = ("import json, sys; from topod.client import bind_local_rank; "
+              "env = {'TOPOD_GPU_CPUS': sys.argv[1], 'TOPOD_GPU_NODES': '3:0'}; "
+              "print(json.dumps(bind_local_rank(0, env)))")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    run = lambda cpus: json.loads(subprocess.run(  # noqa: E731
+        [sys.executable, "-c", script, cpus], env=env, capture_output=True, text=True, timeout=60, check=True).stdout)
+    partial = run(f"3:{CPUS[0]},4000-4001")
+    assert partial["cpus"] == [CPUS[0], 4000, 4001] and partial["pinned_cpus"] == [CPUS[0]]
+    assert partial["pinning_warning"].startswith(f"pinned to CPUs {CPUS[0]} only: the lease's CPUs 4000-4001 ")
+    whole = run(f"3:{CPUS[0]}")
+    assert whole["pinned_cpus"] == [CPUS[0]] and whole["pinning_warning"] is None

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from topod.cli.pinning import partial_pinning
+from topod.pinning import partial_pinning
 from topod.cpulist import format_cpulist
 
 REPO = Path(__file__).resolve().parents[2]

@@ -137,7 +137,7 @@ def run_bind(args) -> int:  # noqa: ANN001 - argparse namespace
         print(f"topoctl bind: rank {binding.rank}: cannot pin to GPU {binding.gpu}'s CPUs "
               f"{format_cpulist(binding.cpus)}: {exc.strerror or exc} (not on this host, or offline)", file=sys.stderr)
         return USAGE
-    from topod.cli.pinning import partial_pinning
+    from topod.pinning import partial_pinning
 
     if warning := partial_pinning(binding.cpus, os.sched_getaffinity(0)):
         print(f"topoctl bind: rank {binding.rank}: WARNING: {warning}", file=sys.stderr)

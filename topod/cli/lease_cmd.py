@@ -309,7 +309,7 @@ def run_run(args) -> int:
             except OSError as exc:  # the lease names CPUs this kernel does not have online
                 os.write(2, f"topoctl run: WARNING: CPUs not pinned ({exc}); memory not bound either\n".encode())
                 return
-            from topod.cli.pinning import partial_pinning
+            from topod.pinning import partial_pinning
 
             if warning := partial_pinning(cpus, os.sched_getaffinity(0)):
                 os.write(2, f"topoctl run: WARNING: {warning}\n".encode())
