@@ -4,9 +4,9 @@ with the lease JSON topod gives for the same request on the same host (captured 
 run), driven by the same client. Then topod (IRQ balancing off) with durability FULL (the
 default; group commit) and NORMAL. Two setups (SETUPS): "issue", issue 26's own (the seed
 h800 host, 8 concurrent clients, a one-GPU request with topod's defaults: auto cores), and
-"64" (64 clients on a 64-GPU synthetic host, level any, no cores). For each: the clients
-each allocate one GPU and release it (saturation: round trips per second), one client
-alone (p50/p99), and an open loop: allocate+release started on a fixed schedule of 300
+"64" (64 clients on a 64-GPU synthetic host, level any, no cores). For each: one client
+alone on the fresh start (p50/p99), the clients each allocating one GPU and releasing it
+(saturation: round trips per second), and an open loop: allocate+release started on a fixed schedule of 300
 round trips per second for 10 s whatever the answers do, each latency counted from its
 scheduled start (no coordinated omission).
 Under saturation it also reads the CPU each party spent per round trip (/proc: the
@@ -43,6 +43,7 @@ sys.path.insert(0, str(REPO))
 
 TRIPS = 1280  # round trips per saturation figure, shared among the clients
 SINGLE = 300
+FRESH = 100  # one client's round trips on a fresh start, before anything else
 OPEN_RATE = 300  # round trips per second
 OPEN_SECONDS = 10
 OPEN_WORKERS = 16
@@ -119,13 +120,13 @@ def saturate(sock: str) -> tuple[float, list[float], int]:
     return len(latencies) / (time.perf_counter() - began), latencies, failures
 
 
-def single(sock: str) -> tuple[list[float], list[float], list[float]]:
+def single(sock: str, rounds: int = SINGLE) -> tuple[list[float], list[float], list[float]]:
     """One client alone: (round trips, allocates, releases), each in seconds."""
     from topod.client import Client
 
     client = Client(sock)
     trips, allocates, releases = [], [], []
-    for i in range(SINGLE + 20):
+    for i in range(rounds + 20):
         started = time.perf_counter()
         lease = client.allocate(1, **SETUP["request"])
         granted = time.perf_counter()
@@ -317,6 +318,10 @@ def measure(command: list[str], sock: str, commits=None, decisions: bool = False
                                env=dict(os.environ, PYTHONPATH=str(REPO)))
     try:
         wait_ready(sock)
+        # One client first, on the fresh start every node has after a boot or an upgrade (and
+        # for days after it, at a few leases an hour: the WAL is then young), then again
+        # after the saturation run's thousands of commits.
+        _, fresh_allocates, fresh_releases = single(sock, FRESH)
         # CPU per round trip under saturation: steadier than rates on a shared VM, where the
         # client, the event loop and the server's threads share the same two cores.
         decided_before = decision_seconds(sock) if decisions else (0.0, 0)
@@ -339,6 +344,7 @@ def measure(command: list[str], sock: str, commits=None, decisions: bool = False
             "p50_1": statistics.median(alone), "p99_1": p99(alone), "extra": extra,
             "alloc_p50": statistics.median(allocates), "alloc_p99": p99(allocates),
             "release_p50": statistics.median(releases), "release_p99": p99(releases),
+            "fresh_alloc_p50": statistics.median(fresh_allocates), "fresh_release_p50": statistics.median(fresh_releases),
             "p50_open": statistics.median(scheduled), "p99_open": p99(scheduled), "refused_open": refused_open}
 
 
@@ -555,7 +561,9 @@ def all_rows() -> None:
         print(f"{'':<34} goals: {row['rate'] / bare['rate']:.2f} of bare (>= 0.75); event loop {cpu['loop']:.0f} us, "
               f"{cpu['loop'] - decision:.0f} us without the decision's {decision:.0f} us (bare {bare['cpu_us']['loop']:.0f} "
               f"us) | 1 client: allocate p50 {row['alloc_p50'] * 1e3:.2f} ms (p99 {row['alloc_p99'] * 1e3:.2f}), "
-              f"release p50 {row['release_p50'] * 1e3:.2f} ms (p99 {row['release_p99'] * 1e3:.2f}), floor + 0.5 = "
+              f"release p50 {row['release_p50'] * 1e3:.2f} ms (p99 {row['release_p99'] * 1e3:.2f}); on the fresh start "
+              f"({FRESH} round trips) {row['fresh_alloc_p50'] * 1e3:.2f} / {row['fresh_release_p50'] * 1e3:.2f} ms "
+              f"(bare {bare['fresh_alloc_p50'] * 1e3:.2f} / {bare['fresh_release_p50'] * 1e3:.2f}); floor + 0.5 = "
               f"{(floor_p50 + 0.0005) * 1e3:.2f} ms | open loop p99 {row['p99_open'] / bare['p99_open']:.1f}x bare's "
               f"(<= 3x)")
 

@@ -39,7 +39,7 @@ import structlog
 
 from topod.service.lease_change import QueuedChange, failure_of, settle
 from topod.service.lease_commit import StatementFailed, transaction
-from topod.service.lease_db import LeaseStoreError, file_identity
+from topod.service.lease_db import LeaseStoreError, file_identity, reserve_wal
 
 log = structlog.get_logger("topod")
 
@@ -96,6 +96,7 @@ class GroupCommitWriter:
         self._lazy_deadline: float | None = None  # when pending confirmations alone get written
         self._lazy_timer: asyncio.AbstractEventLoop | None = None  # the loop a deadline timer runs on
         self._closing = False
+        self._wal_reserved = False  # reserve_wal has run (after the first commit the thread writes)
         self._thread: threading.Thread | None = None
         self.commits = 0  # transactions written (one fsync each)
         self.changes = 0  # changes they carried
@@ -267,6 +268,8 @@ class GroupCommitWriter:
                 except RuntimeError:  # the loop is gone (shutdown): nothing waits any more
                     pass
             self._checkpoint_if_due()
+            if not self._wal_reserved:
+                self._reserve_wal()
 
     def _commit(self, batch: list[QueuedChange]) -> None:
         """Write the batch and check the file, holding _db_lock."""
@@ -357,6 +360,20 @@ class GroupCommitWriter:
             log.warning("lease_checkpoint_failed", error=str(exc))
         finally:
             self._db_lock.release()
+
+    def _reserve_wal(self) -> None:
+        """Once, after the first batch (its answers already on their way): the WAL's room
+        for the commits until a checkpoint (lease_db.WAL_RESERVE_BYTES). A failure costs
+        only the appends' time: logged, not tried again."""
+        self._wal_reserved = True
+        with self._cond:
+            self._db_lock.acquire()  # under _cond, as every taker of both: no deadlock
+        try:
+            problem = reserve_wal(self.path)
+        finally:
+            self._db_lock.release()
+        if problem is not None:
+            log.warning("lease_wal_not_reserved", reason=problem)
 
     def flush(self, timeout: float = 30.0) -> None:
         """Wait until every change queued so far is on disk (or failed)."""
