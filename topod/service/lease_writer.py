@@ -268,7 +268,7 @@ class GroupCommitWriter:
                 except RuntimeError:  # the loop is gone (shutdown): nothing waits any more
                     pass
             self._checkpoint_if_due()
-            if not self._wal_reserved:
+            if not self._wal_reserved and self.broken is None:  # a lost database's path names another file
                 self._reserve_wal()
 
     def _commit(self, batch: list[QueuedChange]) -> None:
