@@ -37,8 +37,12 @@ def _another_writer_takes(store: LeaseStore, address: str) -> None:
     else:
         store.flush()
         db = store.writer._db
-    db.execute("INSERT INTO leases VALUES ('ghost', '{}')")
-    db.execute("INSERT INTO lease_devices VALUES (?, 'ghost')", (address,))
+    # Under the writer's lock, as every write of the store's connection: the writer thread
+    # may still be busy after the flush (its checkpoint, the WAL's reserve past the file's
+    # end, which a frame appended meanwhile would lose).
+    with store.writer._db_lock:
+        db.execute("INSERT INTO leases VALUES ('ghost', '{}')")
+        db.execute("INSERT INTO lease_devices VALUES (?, 'ghost')", (address,))
     if db is not store.writer._db:
         db.commit()
         db.close()

@@ -146,9 +146,10 @@ def test_a_grant_whose_commit_fails_gets_its_error_and_holds_nothing(service):
         service.store.flush()
         # Every GPU taken on disk behind the mirror's back: the grant's insert must fail.
         db = service.store.writer._db
-        db.execute("INSERT INTO leases VALUES ('ghost', '{}')")
-        db.executemany("INSERT INTO lease_devices VALUES (?, 'ghost')",
-                       [(gpu.address,) for gpu in service.topology.gpus])
+        with service.store.writer._db_lock:  # the writer thread may still be busy after the flush
+            db.execute("INSERT INTO leases VALUES ('ghost', '{}')")
+            db.executemany("INSERT INTO lease_devices VALUES (?, 'ghost')",
+                           [(gpu.address,) for gpu in service.topology.gpus])
         connection.data_received(_post(GRANT))
         await _until(lambda: transport.written)
         return _answer(transport.written)

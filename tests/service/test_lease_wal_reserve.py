@@ -130,3 +130,37 @@ def test_a_failed_reserve_is_logged_and_the_store_goes_on(tmp_path, monkeypatch)
         assert store.all() == [] and store.commits >= 6  # every change written after the failed reserve
     finally:
         store.close()
+
+
+def test_a_reserve_the_disk_never_finishes_shows_as_a_stalled_write(tmp_path, monkeypatch):
+    import threading
+    import time
+
+    import topod.service.lease_writer as lease_writer
+
+    release = threading.Event()
+    started = threading.Event()
+
+    def hanging(path):
+        started.set()
+        release.wait(30)
+        return None
+
+    monkeypatch.setattr(lease_writer, "reserve_wal", hanging)
+    monkeypatch.setattr(lease_writer, "STALLED_WRITE_SECONDS", 0.05)
+    store = LeaseStore(tmp_path)
+
+    async def grant() -> None:  # answered before the reserve begins (its commit is settled first)
+        await store.add(make_lease("first", (0,)))
+
+    try:
+        asyncio.run(grant())
+        assert started.wait(10)
+        time.sleep(0.1)
+        assert "lease write stalled" in (store.problem() or "")
+        release.set()
+        store.flush()
+        assert store.problem() is None
+    finally:
+        release.set()
+        store.close()

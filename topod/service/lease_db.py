@@ -109,9 +109,10 @@ WAL_RESERVE_BYTES = 8 << 20
 
 def reserve_wal(path: Path, size: int | None = None) -> str | None:
     """Extend the database's WAL with zeros up to `size` bytes (WAL_RESERVE_BYTES), made
-    durable; None when done (or not needed), else why not. Only while nothing else writes the database (the
-    writer holds its lock): the zeros go past the file's end, which SQLite writes only in a
-    commit. A failed write gives the space back (a full disk keeps its last blocks)."""
+    durable; None when done (or not needed), else why not. Only while nothing else writes
+    the database (the writer holds its lock): the zeros go past the file's end, which
+    SQLite writes only in a commit. A failed write gives the space back (a full disk keeps
+    its last blocks)."""
     size = WAL_RESERVE_BYTES if size is None else size
     try:
         fd = os.open(f"{path}-wal", os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)

@@ -368,9 +368,11 @@ class GroupCommitWriter:
         self._wal_reserved = True
         with self._cond:
             self._db_lock.acquire()  # under _cond, as every taker of both: no deadlock
+        self._writing_since = time.monotonic()  # a disk that hangs here shows in health too
         try:
             problem = reserve_wal(self.path)
         finally:
+            self._writing_since = None
             self._db_lock.release()
         if problem is not None:
             log.warning("lease_wal_not_reserved", reason=problem)
