@@ -278,8 +278,9 @@ def bind_local_rank(rank: int, environ: dict[str, str] | None = None) -> dict[st
     cpus = parse_cpulist(cpulist)
     nodes_spec = env.get("TOPOD_GPU_NODES", "")
     node_of = dict(item.split(":", 1) for item in nodes_spec.split(";") if item)
-    os.sched_setaffinity(0, cpus)
-    pinned = os.sched_getaffinity(0)  # the kernel keeps only the CPUs it can use (topod.pinning)
+    from topod.pinning import pin_to
+
+    pinned, pinning_warning = pin_to(cpus)
     node = node_of.get(gpu)
     bound = bind_memory([int(node)]) if node not in (None, "") else False
     # The rank sends through its own GPU's NICs (set before NCCL or UCX initialise).
@@ -287,8 +288,6 @@ def bind_local_rank(rank: int, environ: dict[str, str] | None = None) -> dict[st
 
     nics = rank_nic_environment(env.get("TOPOD_GPU_NICS", ""), gpu)
     env.update(nics)
-    from topod.pinning import partial_pinning
-
     return {"rank": rank, "gpu": int(gpu), "cpus": cpus, "pinned_cpus": sorted(pinned),
-            "pinning_warning": partial_pinning(cpus, pinned), "memory_node": int(node) if node else None,
+            "pinning_warning": pinning_warning, "memory_node": int(node) if node else None,
             "memory_bound": bound, "nics": nics.get("UCX_NET_DEVICES", "")}

@@ -129,17 +129,17 @@ def run_bind(args) -> int:  # noqa: ANN001 - argparse namespace
     except BindError as exc:
         print(f"topoctl bind: {exc}", file=sys.stderr)
         return USAGE
+    from topod.pinning import pin_to
+
     try:
-        os.sched_setaffinity(0, binding.cpus)
+        _, warning = pin_to(binding.cpus)
     except OSError as exc:
         from topod.cpulist import format_cpulist
 
         print(f"topoctl bind: rank {binding.rank}: cannot pin to GPU {binding.gpu}'s CPUs "
               f"{format_cpulist(binding.cpus)}: {exc.strerror or exc} (not on this host, or offline)", file=sys.stderr)
         return USAGE
-    from topod.pinning import partial_pinning
-
-    if warning := partial_pinning(binding.cpus, os.sched_getaffinity(0)):
+    if warning:
         print(f"topoctl bind: rank {binding.rank}: WARNING: {warning}", file=sys.stderr)
     memory = "memory not bound: the lease does not name GPU's node"
     if binding.memory_nodes:

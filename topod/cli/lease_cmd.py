@@ -302,16 +302,16 @@ def run_run(args) -> int:
               "unpinned and its memory is not bound either", file=sys.stderr)
         nodes = []
 
+    from topod.pinning import pin_to
+
     def pin() -> None:
         if cpus:
             try:
-                os.sched_setaffinity(0, cpus)
+                _, warning = pin_to(cpus)
             except OSError as exc:  # the lease names CPUs this kernel does not have online
                 os.write(2, f"topoctl run: WARNING: CPUs not pinned ({exc}); memory not bound either\n".encode())
                 return
-            from topod.pinning import partial_pinning
-
-            if warning := partial_pinning(cpus, os.sched_getaffinity(0)):
+            if warning:
                 os.write(2, f"topoctl run: WARNING: {warning}\n".encode())
         if nodes:
             try:

@@ -123,7 +123,7 @@ def reserve_wal(path: Path, size: int | None = None) -> str | None:
         if not stat.S_ISREG(found.st_mode):
             return f"{path}-wal: {file_kind(found.st_mode)}, not a regular file"
         end = offset = found.st_size
-        zeros = bytes(min(1 << 20, max(0, size - end)))
+        zeros = memoryview(bytes(min(1 << 20, max(0, size - end))))  # sliced without a copy
         try:
             while offset < size:
                 offset += os.pwrite(fd, zeros[:size - offset], offset)
