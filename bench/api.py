@@ -6,9 +6,10 @@ default; group commit) and NORMAL. Two setups (SETUPS): "issue", issue 26's own 
 h800 host, 8 concurrent clients, a one-GPU request with topod's defaults: auto cores), and
 "64" (64 clients on a 64-GPU synthetic host, level any, no cores). For each: one client
 alone on the fresh start (p50/p99), the clients each allocating one GPU and releasing it
-(saturation: round trips per second), and an open loop: allocate+release started on a fixed schedule of 300
-round trips per second for 10 s whatever the answers do, each latency counted from its
-scheduled start (no coordinated omission).
+(saturation: round trips per second), one client alone again after that, and an open
+loop: allocate+release started on a fixed schedule of 300 round trips per second for 10 s
+whatever the answers do, each latency counted from its scheduled start (no coordinated
+omission).
 Under saturation it also reads the CPU each party spent per round trip (/proc: the
 server's event-loop thread, its other threads, its child processes; the client's own
 times), which a noisy shared machine moves far less than it moves rates.
