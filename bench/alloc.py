@@ -63,12 +63,14 @@ def line(name: str, value: str) -> None:
 
 
 def load(name: str):
-    directory = tempfile.mkdtemp(prefix=f"bench-{name}-")
-    if name in FIXTURES:
-        topology = discover(HostRoot(build_host(load_builtin_spec(name), directory)), live_nvml=False)
-    else:
-        topology = build_synthetic(name, directory)
-    return topology, DistanceModel(topology)
+    """The host's topology and distances, discovered from a tree built for it and removed
+    once read."""
+    with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as directory:
+        if name in FIXTURES:
+            topology = discover(HostRoot(build_host(load_builtin_spec(name), directory)), live_nvml=False)
+        else:
+            topology = build_synthetic(name, directory)
+        return topology, DistanceModel(topology)
 
 
 def _pick(rng: random.Random, mix) -> int:

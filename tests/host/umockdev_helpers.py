@@ -327,7 +327,10 @@ def scenario_daemon_hotplug(tree: Path, testbed) -> dict:
                 "devices_added": devices_added, "devices_removed": devices_removed, "added": added,
                 "removed": removed, "changes_after_add": changes_after_add, "events": events}
 
-    return asyncio.run(drive())
+    try:
+        return asyncio.run(drive())
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 SCENARIOS = {name[len("scenario_"):]: fn for name, fn in dict(globals()).items() if name.startswith("scenario_")}

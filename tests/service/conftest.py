@@ -4,9 +4,11 @@ alone, in-process (`service`)."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -92,6 +94,24 @@ def daemon_factory(host_tree, tmp_path):
     yield make
     for proc in started:
         proc.stop(signal.SIGKILL)
+
+
+@pytest.fixture()
+def public_socket():
+    """Put a daemon's socket where other users may reach it: pytest's own tmp dirs are 0700,
+    so a socket test that drops to another uid needs a 0755 directory; removed afterwards."""
+    made: list[str] = []
+
+    def place(daemon: DaemonProcess) -> str:
+        public = tempfile.mkdtemp(prefix="topod-public-")
+        made.append(public)
+        os.chmod(public, 0o755)
+        daemon.socket = os.path.join(public, "topod.sock")
+        return daemon.socket
+
+    yield place
+    for public in made:
+        shutil.rmtree(public, ignore_errors=True)
 
 
 @pytest.fixture()

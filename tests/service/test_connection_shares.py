@@ -82,24 +82,15 @@ def _as_nobody_hold(path: str, count: int, answers: list) -> int:
     return pid
 
 
-def _public_socket(daemon) -> None:
-    """The socket in a directory other users may enter (the test's own tmp dir is 0700)."""
-    import tempfile
-
-    public = tempfile.mkdtemp(prefix="topod-shares-")
-    os.chmod(public, 0o755)
-    daemon.socket = os.path.join(public, "topod.sock")
-
-
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to drop to another uid")
 
 
 @needs_root
-def test_one_user_cannot_take_every_connection_and_root_is_never_locked_out(daemon_factory):
+def test_one_user_cannot_take_every_connection_and_root_is_never_locked_out(daemon_factory, public_socket):
     daemon = daemon_factory(config='[irq]\nmode = "off"\n[probe]\nenabled = false\n[daemon]\nsocket_mode = "0666"\n'
                                    '[api]\nmax_connections = 8\nmax_connections_per_uid = 3\n'
                                    'root_reserved_connections = 2\n')
-    _public_socket(daemon)
+    public_socket(daemon)
     client = daemon.start()
     answers: list = []
     child = _as_nobody_hold(daemon.socket, 5, answers)
@@ -143,10 +134,10 @@ def test_root_has_no_event_stream_share(daemon_factory):
 
 
 @needs_root
-def test_event_streams_beyond_a_users_share_get_429(daemon_factory):
+def test_event_streams_beyond_a_users_share_get_429(daemon_factory, public_socket):
     daemon = daemon_factory(config='[irq]\nmode = "off"\n[probe]\nenabled = false\n[daemon]\nsocket_mode = "0666"\n'
                                    '[api]\nmax_event_streams_per_uid = 2\n')
-    _public_socket(daemon)
+    public_socket(daemon)
     daemon.start()
     read_end, write_end = os.pipe()
     pid = os.fork()

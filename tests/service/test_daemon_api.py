@@ -111,16 +111,12 @@ def _as_user(uid: int, gid: int, code: str, sock_path: str) -> tuple[int, str]:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to drop to other uids")
-def test_only_root_and_the_group_may_allocate_and_only_owners_release(daemon_factory):
+def test_only_root_and_the_group_may_allocate_and_only_owners_release(daemon_factory, public_socket):
     daemon = daemon_factory(config='[daemon]\ngroup = ""\nsocket_mode = "0666"\n'
                                    '[irq]\nmode = "off"\n[probe]\nenabled = false\n')
     # no group: nobody but root (and the daemon's own uid) may allocate (a group that does
     # not exist is a config error now, exit 78)
-    import tempfile
-
-    public = tempfile.mkdtemp(prefix="topod-auth-")
-    os.chmod(public, 0o755)
-    daemon.socket = os.path.join(public, "topod.sock")
+    public_socket(daemon)
     client = daemon.start()
     rc, out = _as_user(65534, 65534, "c.allocate(1)", daemon.socket)
     assert json.loads(out) == {"ok": False, "status": 403, "code": "permission_denied"}, out

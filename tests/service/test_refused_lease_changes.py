@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 
 import pytest
@@ -89,11 +88,9 @@ def test_a_renew_without_ttl_on_a_lease_without_one_is_logged_as_invalid(daemon_
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to drop to another uid")
-def test_another_users_release_renew_revoke_are_logged_as_denied(daemon_factory):
+def test_another_users_release_renew_revoke_are_logged_as_denied(daemon_factory, public_socket):
     daemon = daemon_factory(config='[daemon]\nsocket_mode = "0666"\n[irq]\nmode = "off"\n[probe]\nenabled = false\n')
-    public = tempfile.mkdtemp(prefix="topod-refused-")
-    os.chmod(public, 0o755)
-    daemon.socket = os.path.join(public, "topod.sock")
+    public_socket(daemon)
     client = daemon.start()
     lease = client.allocate(1, ttl_seconds=600)["id"]
     calls = [("release", "DELETE", f"/v1/leases/{lease}"), ("renew", "POST", f"/v1/leases/{lease}/renew"),

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import tempfile
 import time
 
 import pytest
@@ -111,15 +110,13 @@ def test_a_recorded_scope_gone_while_topod_was_down_ends_its_lease_at_start(daem
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to drop to another uid")
-def test_who_may_place_what(daemon_factory, systemd, sleeper):
+def test_who_may_place_what(daemon_factory, systemd, sleeper, public_socket):
     import grp
 
     group = grp.getgrgid(NOBODY).gr_name  # the child's gid: it may allocate
     daemon = daemon_factory(config=f'[daemon]\nsocket_mode = "0666"\ngroup = "{group}"\n' + CONFIG,
                             env={"DBUS_SYSTEM_BUS_ADDRESS": systemd.address})
-    public = tempfile.mkdtemp(prefix="topod-scope-")
-    os.chmod(public, 0o755)
-    daemon.socket = os.path.join(public, "topod.sock")
+    public_socket(daemon)
     client = daemon.start()
     lease = client.allocate(1, cpus_per_gpu=1)
     topod = daemon.process.pid

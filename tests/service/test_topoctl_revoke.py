@@ -25,15 +25,11 @@ def test_root_revokes_a_lease_with_topoctl(daemon_factory, capsys):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to drop to another uid")
-def test_revoke_is_root_only(daemon_factory):
-    import tempfile
-
+def test_revoke_is_root_only(daemon_factory, public_socket):
     from tests.service.test_daemon_api import _as_user
 
     daemon = daemon_factory(config='[irq]\nmode = "off"\n[probe]\nenabled = false\n[daemon]\nsocket_mode = "0666"\n')
-    public = tempfile.mkdtemp(prefix="topod-revoke-")
-    os.chmod(public, 0o755)
-    daemon.socket = os.path.join(public, "topod.sock")
+    public_socket(daemon)
     client = daemon.start()
     lease = client.allocate(1, level="any")
     status, out = _as_user(65534, 65534, f"c.revoke({lease['id']!r})", daemon.socket)
