@@ -28,8 +28,8 @@ def make_lease(lease_id: str, gpus: tuple[int, ...], *, cpus_per_gpu: int = 2) -
                  created=1000.0, expires=None, ttl_seconds=None)
 
 
-def _another_writer_takes(store: LeaseStore, address: str) -> None:
-    """A GPU leased on disk behind the mirror's back: the next grant of it fails to commit.
+def _another_writer_takes(store: LeaseStore, *addresses: str) -> None:
+    """GPUs leased on disk behind the mirror's back: the next grant of any fails to commit.
     Written through the store's own connection (it holds the file's lock: no other writer
     can), while its writer thread is idle; or by a connection of its own once closed."""
     if store.writer._closing:
@@ -42,7 +42,7 @@ def _another_writer_takes(store: LeaseStore, address: str) -> None:
     # end, which a frame appended meanwhile would lose).
     with store.writer._db_lock:
         db.execute("INSERT INTO leases VALUES ('ghost', '{}')")
-        db.execute("INSERT INTO lease_devices VALUES (?, 'ghost')", (address,))
+        db.executemany("INSERT INTO lease_devices VALUES (?, 'ghost')", [(address,) for address in addresses])
     if db is not store.writer._db:
         db.commit()
         db.close()

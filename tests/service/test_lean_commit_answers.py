@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 from cyclic_garbage import garbage_after
 
+from tests.service.lease_store_helpers import _another_writer_takes
 from topod.api.leanhttp import LeanConnection
 from topod.service import lease_writer
 from topod.service.leases import LeaseService
@@ -143,13 +144,8 @@ def test_a_client_that_hangs_up_before_the_commit_leaves_no_lease(service):
 def test_a_grant_whose_commit_fails_gets_its_error_and_holds_nothing(service):
     async def scenario():
         connection, transport = _connection(service)
-        service.store.flush()
         # Every GPU taken on disk behind the mirror's back: the grant's insert must fail.
-        db = service.store.writer._db
-        with service.store.writer._db_lock:  # the writer thread may still be busy after the flush
-            db.execute("INSERT INTO leases VALUES ('ghost', '{}')")
-            db.executemany("INSERT INTO lease_devices VALUES (?, 'ghost')",
-                           [(gpu.address,) for gpu in service.topology.gpus])
+        _another_writer_takes(service.store, *(gpu.address for gpu in service.topology.gpus))
         connection.data_received(_post(GRANT))
         await _until(lambda: transport.written)
         return _answer(transport.written)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from topod.pinning import partial_pinning
 from topod.cpulist import format_cpulist
+from topod.pinning import partial_pinning
 
 REPO = Path(__file__).resolve().parents[2]
 
