@@ -2,18 +2,23 @@
 
 Where a write lands is decided here, once: `open_beneath(root_fd, "proc/irq/5/x")`
 opens the file only if every component below the root is a real directory and the last
-a regular file. A symlink anywhere below the root (a directory or the file itself), a
-`..` that would climb out, a FIFO, a socket or a device is refused with an OSError
-whose errno says which: ELOOP (a link), EXDEV (out of the root), ENXIO (a FIFO with no
-reader, or not a regular file). Nothing blocks: the open is O_NONBLOCK, so a FIFO never
-waits for a reader.
+a regular file with one link. A symlink anywhere below the root (a directory or the file
+itself), a `..` that would climb out, a FIFO, a socket, a device or a hard-linked file is
+refused with an OSError whose errno says which: ELOOP (a link), EXDEV (out of the root),
+ENXIO (a FIFO with no reader, or not a regular file), EMLINK (more than one hard link:
+another name of the file may lie outside the root, and a write through this one would
+change it). Nothing blocks: the open is O_NONBLOCK, so a FIFO never waits for a reader.
+A refused file is left as it was: O_TRUNC waits until the descriptor has passed the
+checks (then ftruncate).
 
 Linux 5.6+ does it in one call, openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
 RESOLVE_NO_MAGICLINKS), reached through libc's syscall() (number 437 on x86_64 and
 aarch64, the only architectures asked). Where the kernel lacks it (ENOSYS, or a
 seccomp filter answering EPERM/ENOSYS) the path is walked one component at a time with
 O_DIRECTORY | O_NOFOLLOW, the file opened with O_NOFOLLOW | O_NONBLOCK. Either way the
-opened descriptor is fstat'ed: a regular file or nothing (procfs files are regular).
+opened descriptor is fstat'ed (the file opened, not a path looked up again, so nothing
+can be swapped in between): a regular file with one link, or nothing (procfs and sysfs
+files are regular, with one link).
 """
 
 from __future__ import annotations
@@ -122,17 +127,29 @@ def open_beneath(dir_fd: int, rel: str, flags: int = WRITE_FLAGS, *, use_openat2
     """A descriptor for the regular file `rel` below the directory `dir_fd`, opened with
     `flags` and no link followed; OSError otherwise (see the module's docstring)."""
     parts = _components(rel)
-    fd = _openat2(dir_fd, "/".join(parts), flags) if use_openat2 else None
+    # O_TRUNC at open would empty a hard-linked file before fstat could refuse it.
+    opening = flags & ~os.O_TRUNC
+    fd = _openat2(dir_fd, "/".join(parts), opening) if use_openat2 else None
     if fd is None:
-        fd = _walk(dir_fd, parts, flags, rel)
+        fd = _walk(dir_fd, parts, opening, rel)
     try:
-        kind = os.fstat(fd).st_mode
-        if not stat.S_ISREG(kind):
-            raise OSError(errno.ENXIO, f"not a regular file ({_kind(kind)}); not written", rel)
+        found = os.fstat(fd)
+        _check_writable_here(found, rel)
+        if flags & os.O_TRUNC and found.st_size:  # procfs files say 0: nothing to cut
+            os.ftruncate(fd, 0)
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+def _check_writable_here(found: os.stat_result, rel: str) -> None:
+    """A write may land only in a regular file whose one name is the one below the root."""
+    if not stat.S_ISREG(found.st_mode):
+        raise OSError(errno.ENXIO, f"not a regular file ({_kind(found.st_mode)}); not written", rel)
+    if found.st_nlink > 1:
+        raise OSError(errno.EMLINK, f"a file with {found.st_nlink} hard links (another of its names may lie "
+                                    "outside the root); not written", rel)
 
 
 def _kind(mode: int) -> str:

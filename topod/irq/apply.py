@@ -6,8 +6,11 @@ cannot move) -> permanent, "managed"; ENOSPC means the CPU has no vector left ->
 next candidate CPU; EBUSY/EAGAIN/EINVAL/ENOMEM -> transient, retried on later cycles with
 backoff. Anything else (EROFS from a read-only /proc/irq in a container or under
 ProtectKernelTunables=, EACCES, an errno nobody expected) is permanent too: retrying what
-we do not understand only floods the journal. After a write the effective affinity is
-read back.
+we do not understand only floods the journal. ELOOP, EXDEV, ENXIO and EMLINK are
+topod's own refusals, not the kernel's (topod.beneath: a link, a path out of the root,
+not a regular file, a hard-linked file): the file is left untouched and the IRQ is
+permanent too, since retrying cannot make the tree safe to write. After a write the
+effective affinity is read back.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ NEXT_CPU_ERRNOS = frozenset({errno.ENOSPC})
 TRANSIENT_ERRNOS = frozenset({errno.EBUSY, errno.EAGAIN, errno.EINVAL, errno.ENOMEM})
 # Answers about the file system, not the IRQ: every later write under /proc/irq fails alike.
 TREE_ERRNOS = frozenset({errno.EROFS})
+# topod.beneath's answers: the file is not one a write may land in; nothing was written.
+REFUSED_HERE_ERRNOS = frozenset({errno.ELOOP, errno.EXDEV, errno.ENXIO, errno.EMLINK})
 
 # Outcome statuses.
 MOVED = "moved"  # written, and the effective affinity is inside what was written
@@ -56,6 +61,12 @@ class WriteOutcome:
         """Permanent because the kernel manages the IRQ (EIO/EPERM), not for another reason."""
         return self.status == PERMANENT and self.errno in MANAGED_ERRNOS
 
+    @property
+    def refused_here(self) -> bool:
+        """Refused by topod before any byte reached the file (a link, a hard link, not a
+        regular file, out of the root), not by the kernel."""
+        return self.status == PERMANENT and self.errno in REFUSED_HERE_ERRNOS
+
 
 def errno_name(code: int) -> str:
     return errno.errorcode.get(code, str(code))
@@ -83,6 +94,9 @@ def apply_entry(host: HostRoot, entry: PlanEntry) -> WriteOutcome | None:
                 return WriteOutcome(entry.irq, TRANSIENT, None, effective, exc.errno,
                                     f"kernel answered {errno_name(exc.errno)} for {format_cpulist(target)}; "
                                     "retried later")
+            if exc.errno in REFUSED_HERE_ERRNOS:
+                return WriteOutcome(entry.irq, PERMANENT, None, effective, exc.errno,
+                                    f"{exc} ({errno_name(exc.errno)}), an answer that is not transient")
             return WriteOutcome(entry.irq, PERMANENT, None, effective, exc.errno,
                                 f"kernel refused {format_cpulist(target)}: {errno_name(exc.errno)}")
         effective = read_affinity(host, entry.irq).effective

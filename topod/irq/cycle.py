@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 from topod.cpulist import format_cpulist
 from topod.host import HostRoot
-from topod.irq.apply import errno_name
+from topod.irq.apply import REFUSED_HERE_ERRNOS, errno_name
 from topod.irq.baseline import Baseline
 from topod.irq.classify import IrqInfo, classify_irqs
 from topod.irq.coexist import IrqbalanceState, ban_guidance, detect_irqbalance
@@ -309,5 +309,6 @@ class IrqBalancer(CycleWrites):
         near = near_device(topology, info.device, effective)
         where = "unknown CPUs" if effective is None else f"CPU {format_cpulist(effective)}"
         locality = {True: "near the device", False: "NOT near the device", None: "locality unknown"}[near]
-        what = "kernel-managed or not settable" if mark.managed else "refused by the kernel"
+        what = ("kernel-managed or not settable" if mark.managed else
+                "refused by topod's write checks" if mark.errno in REFUSED_HERE_ERRNOS else "refused by the kernel")
         return f"{what} ({errno_name(mark.errno)}); the kernel delivers it on {where}, {locality}; never retried"

@@ -127,8 +127,8 @@ class CycleWrites:
             failures.unsettable[entry.irq] = Unsettable(entry.name, outcome.errno or errno.EIO)
             failures.retries.pop(entry.irq, None)
             near = near_device(topology, entry.device, outcome.effective)
-            why = "kernel-managed or not settable" if outcome.managed else \
-                f"the kernel refused the write ({outcome.errno_name}), an answer that is not transient"
+            why = "kernel-managed or not settable" if outcome.managed else outcome.message if outcome.refused_here \
+                else f"the kernel refused the write ({outcome.errno_name}), an answer that is not transient"
             failures.last_error = f"{what}: {why}"
             # Announced once: the mark keeps it out of every later plan and write.
             events.append({"event": "irq_unsettable", "irq": entry.irq, "device": entry.device, "name": entry.name,
