@@ -2,7 +2,9 @@
 it once complete. A failure (a missing directory, a full disk) leaves no half file, and
 the OSError names the file the user asked for, not the temporary one.
 
-Only a new name or an existing regular file is replaced so. Anything else the user names
+The temporary file is a fresh random name created exclusively, never a link followed.
+Only a new name or an existing regular file is replaced so (a hard-linked one loses
+this name's link; the file's other names keep their bytes). Anything else the user names
 (a link, /dev/stdout, a FIFO, a device) is written through as it is: renaming over it
 would swap a device node or a link for a plain file."""
 
@@ -32,9 +34,16 @@ def replaced_whole(path: str) -> Iterator[BinaryIO]:
         except OSError as exc:
             raise OSError(exc.errno, exc.strerror or str(exc), path) from None
         return
-    temp = f"{path}.tmp{os.getpid()}"
+    # A fresh name, made here (O_EXCL) and never a link: a name planted beside the output
+    # (a symlink or a hard link to another file, in a shared directory such as /tmp) fails
+    # the open instead of being written through.
+    temp = f"{path}.{os.urandom(6).hex()}.tmp"
     try:
-        with open(temp, "wb") as handle:
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror or str(exc), path) from None
+    try:
+        with os.fdopen(fd, "wb") as handle:
             yield handle
         os.replace(temp, path)
     except OSError as exc:

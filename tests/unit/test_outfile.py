@@ -59,3 +59,30 @@ def test_a_fifo_is_written_to_not_replaced(tmp_path):
         handle.write(b"through the pipe")
     reader.join(timeout=5)
     assert got == [b"through the pipe"] and stat.S_ISFIFO(os.stat(fifo).st_mode)
+
+
+def test_a_hard_linked_output_is_replaced_and_its_other_name_keeps_its_bytes(tmp_path):
+    precious = tmp_path / "precious"
+    precious.write_bytes(b"keep me")
+    target = tmp_path / "out.svg"
+    os.link(precious, target)
+    with replaced_whole(str(target)) as handle:
+        handle.write(b"<svg/>")
+    assert target.read_bytes() == b"<svg/>" and precious.read_bytes() == b"keep me"
+
+
+@pytest.mark.parametrize("plant", ["symlink", "hard link"])
+def test_a_name_planted_where_the_temporary_goes_is_not_written_through(tmp_path, monkeypatch, plant):
+    """In a shared directory another user may guess the temporary's name first: the open
+    fails (O_EXCL, O_NOFOLLOW) instead of writing into what that name points at."""
+    monkeypatch.setattr(os, "urandom", lambda n: b"\x01" * n)
+    target = tmp_path / "out.svg"
+    precious = tmp_path / "precious"
+    precious.write_bytes(b"keep me")
+    planted = tmp_path / f"out.svg.{'01' * 6}.tmp"
+    planted.symlink_to(precious) if plant == "symlink" else os.link(precious, planted)
+    with pytest.raises(FileExistsError) as raised, replaced_whole(str(target)) as handle:
+        handle.write(b"<svg/>")
+    assert raised.value.filename == str(target)
+    assert precious.read_bytes() == b"keep me" and not target.exists()
+    assert os.path.lexists(planted), "a name topod did not make was removed"
