@@ -13,6 +13,7 @@ from typing import Any
 
 from topod.alloc.nics import NIC_MODES
 from topod.alloc.policy import PolicySettings
+from topod.alloc.quota import UNLIMITED, GroupCap
 from topod.discover.udev import UdevSettings
 from topod.cpulist import parse_cpulist
 from topod.errors import ConfigError
@@ -70,6 +71,10 @@ SCHEMA: dict[str, dict[str, tuple[object, object]]] = {
         "max_priority_non_root": (int, 0),
         "unconfirmed_grace_seconds": (float, 300.0),
         "nics": (str, _POLICY.nics),
+        # GPU caps (topod.alloc.quota): "unlimited" or a number; group name -> GPUs its
+        # members hold together, resolved (gid, listed members) at load.
+        "max_gpus_per_uid": ("gpu_cap", UNLIMITED),
+        "max_gpus_per_group": ("group_caps", ()),
     },
     "irq": {
         # The balancer's keys take their defaults from topod.irq.settings (one place).
@@ -283,7 +288,13 @@ def _validate(section: str, key: str, value: Any) -> Any:
     if key not in SCHEMA[section]:
         raise ConfigError(f"{where}: unknown key (known: {', '.join(SCHEMA[section])})")
     kind, _ = SCHEMA[section][key]
-    if kind == "cpus_per_gpu":
+    if kind == "gpu_cap":
+        if value != UNLIMITED and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ConfigError(f"{where}: expected \"{UNLIMITED}\" or a whole number of GPUs >= 1, got {value!r} "
+                              "(to keep a user from allocating at all, leave it out of [daemon] group)")
+    elif kind == "group_caps":
+        value = group_caps(where, value)
+    elif kind == "cpus_per_gpu":
         if value != "auto" and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
             raise ConfigError(f"{where}: expected \"auto\" or a whole number of CPUs >= 0, got {value!r}")
     elif kind == "cpulist":
@@ -332,6 +343,35 @@ def _validate(section: str, key: str, value: Any) -> Any:
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
     return value
+
+
+def group_caps(where: str, table: Any) -> tuple[GroupCap, ...]:
+    """[alloc] max_gpus_per_group: group name -> GPUs, each group resolved now through the
+    name service (its gid and the uids its member list names), so a decision reads no
+    name service. A group that does not exist is an error, as daemon.group's is: a cap
+    that silently applies to no one is worse than a refused file. A listed member whose
+    name no longer resolves is left out (it has no uid to call with)."""
+    import grp
+    import pwd
+
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: expected a table of group name = GPUs, like {{ physics = 8 }}")
+    caps = []
+    for name, cap in sorted(table.items()):
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
+            raise ConfigError(f"{where}.{name}: expected a whole number of GPUs >= 0, got {cap!r}")
+        try:
+            entry = grp.getgrnam(name)
+        except (KeyError, ValueError):  # ValueError: a name with a NUL in it
+            raise ConfigError(f"{where}: no group {name!r} on this host (create it, or name one that exists)") from None
+        members = set()
+        for member in entry.gr_mem:
+            try:
+                members.add(pwd.getpwnam(member).pw_uid)
+            except (KeyError, ValueError):
+                continue
+        caps.append(GroupCap(name, entry.gr_gid, cap, frozenset(members)))
+    return tuple(caps)
 
 
 def cpus(config: Config, section: str, key: str) -> list[int]:
