@@ -34,8 +34,8 @@ def test_short_pci_address_gets_the_default_domain():
     ({"gpus": 1, "nics_per_gpu": "2"}, "nics_per_gpu", "an integer"),
     ({"gpus": 1, "nics_per_gpu": True}, "nics_per_gpu", "an integer"),
     ({}, "gpus", "required"),
-    ({"gpus": 0}, "gpus", ">= 1"),
-    ({"gpus": -2}, "gpus", ">= 1"),
+    ({"gpus": 0}, "cpus", "required when gpus is 0"),
+    ({"gpus": -2}, "gpus", ">= 0"),
     ({"gpus": "2"}, "gpus", "an integer"),
     ({"gpus": True}, "gpus", "an integer"),
     ({"gpus": 2.5}, "gpus", "an integer"),  # 2.0 is the integer 2 (JSON Schema agrees)

@@ -52,6 +52,9 @@ How a decision is made:
    with the same groups share phi), by bit masks (cheapest_one).
 3. CPUs (topod.alloc.cores), satisfaction (share of pairs on one NUMA node, 1.0 for one
    GPU) and the performance estimate (topod.alloc.estimate).
+
+A request for 0 GPUs is a lease of CPUs alone: topod.alloc.cpulease decides it, on the
+view's core map, before any of the above.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ from dataclasses import dataclass
 
 from topod.alloc.cores import assign_auto, assign_cpus, node_capacity, node_cores, wants_cpus
 from topod.alloc.coretables import auto_cap, auto_share, full_shares, view_core_map
+from topod.alloc.cpulease import decide_cpus
 from topod.alloc.eligibility import eligible_gpus, forced_gpus
 from topod.alloc.errors import AllocationError, InsufficientCpusError, InsufficientGpusError, LevelUnreachableError
 from topod.alloc.estimate import weakest
@@ -87,8 +91,11 @@ DECISION_MEMO_GPUS = 2_048
 def allocate(topology: Topology, distances: DistanceModel, state: FreeState, request: Request,
              policy: PolicySettings = DEFAULT_POLICY, *, waited_seconds: float = 0.0,
              ttl_seconds: float | None = None) -> Decision:
+    view = host_view(topology, distances)
+    if not request.gpus:  # a lease without GPUs: CPUs near a device or node (topod.alloc.cpulease)
+        return decide_cpus(view.topology, state, request, view_core_map(view))
     tau = 1.0 if request.level == "best" else topology_weight(request.priority, waited_seconds, ttl_seconds, policy)
-    return _remembered(host_view(topology, distances), state, request, policy, tau)
+    return _remembered(view, state, request, policy, tau)
 
 
 def _remembered(view: HostView, state: FreeState, request: Request, policy: PolicySettings, tau: float) -> Decision:

@@ -83,6 +83,8 @@ def impossibility(topology: Topology, distances: DistanceModel, request: Request
 
 
 def _verdict(view: HostView, request: Request, reserved: frozenset[int], policy: PolicySettings) -> Never | None:
+    if not request.gpus:  # a lease without GPUs (topod.alloc.cpulease): the engine's word on the empty host
+        return _empty_host_refuses(view, request, reserved, policy)
     return (_gpus_short(view, request) or _cpus_short(view, request, reserved)
             or _nics_short(view, request, policy) or _empty_host_refuses(view, request, reserved, policy))
 

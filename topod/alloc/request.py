@@ -1,6 +1,10 @@
 """The values the engine takes and gives: Request (validated from JSON), FreeState and
 Decision (with its Placement and Performance). How a field is judged:
-topod.alloc.jsonfields; the fields the engine does not see: topod.alloc.service_request."""
+topod.alloc.jsonfields; the fields the engine does not see: topod.alloc.service_request.
+
+A request for `gpus` 0 is a lease without GPUs: `cpus` logical CPUs (whole cores), near
+the device or node `near` names (topod.alloc.near), decided by topod.alloc.cpulease. Its
+Decision has no GPUs and carries its CPUs in `cpu_only`."""
 
 from __future__ import annotations
 
@@ -23,9 +27,16 @@ MAX_MODEL_LENGTH = 128
 MAX_JOB_LENGTH = 256
 MIN_PRIORITY, MAX_PRIORITY = -1_000_000, 1_000_000
 MAX_MEMORY_MIB = 1 << 40
+MAX_CPUS = 1 << 16  # a lease without GPUs: logical CPUs (far beyond any kernel's NR_CPUS)
+MAX_NEAR_LENGTH = 64
+# `near`: a device by its kernel name (nvme1, mlx5_0, eth0, enp65s0f1), a PCI address, or node:N.
+NEAR_NODE = re.compile(r"^node:([0-9]{1,9})$")
+DEVICE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]*$")
 
 FIELDS = ("gpus", "must_include", "level", "priority", "cpus_per_gpu", "min_memory_mib", "model",
-          "preemptible", "job", "gpu_memory_nodes", "nics_per_gpu")
+          "preemptible", "job", "gpu_memory_nodes", "nics_per_gpu", "cpus", "near")
+# What a lease without GPUs cannot ask for, with the values that ask for nothing.
+GPU_ONLY = (("model", (None,)), ("min_memory_mib", (0,)), ("gpu_memory_nodes", (False,)), ("nics_per_gpu", (None, 0)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +52,8 @@ class Request:
     job: str | None = None
     gpu_memory_nodes: bool = False  # also bind to each GPU's own memory node (Grace: GPU memory is NUMA)
     nics_per_gpu: int | None = None  # RDMA NIC ports per GPU, required; None: the nearest one, best effort
+    cpus: int = 0  # gpus 0 only: logical CPUs, rounded up to whole cores (topod.alloc.cpulease)
+    near: str | None = None  # gpus 0 only: device name, PCI address or "node:N" the CPUs are chosen near
 
     @classmethod
     def from_json(cls, body: Any) -> Request:
@@ -51,8 +64,10 @@ class Request:
         if unknown:
             raise InvalidRequestError(unknown[0], f"unknown field; known fields: {', '.join(FIELDS + SERVICE_FIELDS)}")
         if "gpus" not in body:
-            raise InvalidRequestError("gpus", "required: the number of GPUs (an integer >= 1)")
-        gpus = integer_field(body, "gpus", minimum=1, maximum=MAX_GPUS)
+            raise InvalidRequestError("gpus", "required: the number of GPUs (an integer >= 1; 0 with `cpus` "
+                                              "for a lease without GPUs)")
+        gpus = integer_field(body, "gpus", minimum=0, maximum=MAX_GPUS)
+        cpus, near = _cpu_lease_fields(body, gpus)
         must = _must_include(body.get("must_include", []))
         if len(must) > gpus:
             raise InvalidRequestError("must_include", f"names {len(must)} GPUs but the request is for {gpus}")
@@ -65,7 +80,7 @@ class Request:
         gpu_memory_nodes = body.get("gpu_memory_nodes", False)
         if not isinstance(gpu_memory_nodes, bool):
             raise InvalidRequestError("gpu_memory_nodes", f"expected true or false, got {kind_of(gpu_memory_nodes)}")
-        return cls(
+        request = cls(
             gpus=gpus,
             must_include=must,
             level=level,
@@ -78,7 +93,14 @@ class Request:
             gpu_memory_nodes=gpu_memory_nodes,
             nics_per_gpu=None if body.get("nics_per_gpu") is None
             else integer_field(body, "nics_per_gpu", minimum=0, maximum=MAX_NICS_PER_GPU),
+            cpus=cpus,
+            near=near,
         )
+        if not gpus:
+            for name, nothing in GPU_ONLY:
+                if getattr(request, name) not in nothing:
+                    raise InvalidRequestError(name, "asks about GPUs, and a lease with gpus 0 has none; leave it out")
+        return request
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -86,7 +108,41 @@ class Request:
             "priority": self.priority, "cpus_per_gpu": self.cpus_per_gpu, "min_memory_mib": self.min_memory_mib,
             "model": self.model, "preemptible": self.preemptible, "job": self.job,
             "gpu_memory_nodes": self.gpu_memory_nodes,
-        } | ({} if self.nics_per_gpu is None else {"nics_per_gpu": self.nics_per_gpu})
+        } | ({} if self.nics_per_gpu is None else {"nics_per_gpu": self.nics_per_gpu}) \
+          | ({} if self.gpus else {"cpus": self.cpus}) | ({} if self.near is None else {"near": self.near})
+
+
+def _cpu_lease_fields(body: dict, gpus: int) -> tuple[int, str | None]:
+    """(cpus, near) of a lease without GPUs; (0, None) for a GPU request, which takes
+    neither (its CPUs come per GPU: cpus_per_gpu)."""
+    if gpus:
+        for name in ("cpus", "near"):
+            if name in body:
+                raise InvalidRequestError(name, "only for a lease without GPUs (gpus 0); a GPU lease gets its "
+                                                "CPUs per GPU, near each GPU: use cpus_per_gpu")
+        return 0, None
+    if body.get("cpus") is None:
+        raise InvalidRequestError("cpus", "required when gpus is 0: the number of CPUs of a lease without GPUs "
+                                          "(an integer >= 1)")
+    return integer_field(body, "cpus", minimum=1, maximum=MAX_CPUS), _near(body)
+
+
+def _near(body: dict) -> str | None:
+    """`near` as the engine resolves it: a PCI address with its domain, lower case;
+    node:N; or a device name as given (kernel names are case-sensitive)."""
+    value = text_field(body, "near", MAX_NEAR_LENGTH)
+    if value is None:
+        return None
+    address = value.lower()
+    if PCI_ADDRESS.match(address):
+        return address if address.count(":") == 2 else f"0000:{address}"
+    node = NEAR_NODE.match(value)
+    if node:
+        return f"node:{int(node.group(1))}"
+    if not DEVICE_NAME.match(value):
+        raise InvalidRequestError("near", f"{value!r} is neither a device name (nvme1, mlx5_0, eth0), a PCI "
+                                          "address like 0000:81:00.0 nor node:N")
+    return value
 
 
 def _cpus_per_gpu(body: dict) -> int | str:
@@ -196,12 +252,14 @@ class Decision:
     exact: bool  # the search proved optimality (False: node budget ran out)
     cpu_fallback: bool  # some CPUs are off the GPU's node ('any' only)
     reasons: tuple[str, ...] = field(default=())
+    cpu_only: tuple[int, ...] = ()  # a lease without GPUs: its CPUs, sorted (no GPU's: `cpus` is empty)
+    near: str | None = None  # a lease without GPUs: the device or node its CPUs were chosen near
 
     def to_json(self) -> dict[str, Any]:
         return {
             "gpus_indices": list(self.gpus),
             "gpus": [placement.to_json() for placement in self.placements],
-            "cpus": sorted(cpu for cpus in self.cpus.values() for cpu in cpus),
+            "cpus": sorted([*(cpu for cpus in self.cpus.values() for cpu in cpus), *self.cpu_only]),
             "cpus_by_gpu": {str(gpu): list(cpus) for gpu, cpus in sorted(self.cpus.items())},
             "memory_nodes": list(self.memory_nodes),
             "numa_nodes": list(self.numa_nodes),
@@ -214,7 +272,7 @@ class Decision:
             "exact": self.exact,
             "cpu_fallback": self.cpu_fallback,
             "reasons": list(self.reasons),
-        }
+        } | ({} if self.near is None else {"near": self.near})
 
 
 _PLACEMENT = slot_setters(Placement)
@@ -241,9 +299,11 @@ def _performance_init(self, relative_bandwidth, weakest_pair, weakest_pair_gbps,
 
 
 def _decision_init(self, gpus, placements, cpus, memory_nodes, numa_nodes, cost, best_cost, level,  # noqa: ANN001
-                   requested_level, satisfaction, performance, exact, cpu_fallback, reasons=()) -> None:
+                   requested_level, satisfaction, performance, exact, cpu_fallback, reasons=(), cpu_only=(),
+                   near=None) -> None:
     (set_gpus, set_placements, set_cpus, set_memory_nodes, set_numa_nodes, set_cost, set_best_cost, set_level,
-     set_requested_level, set_satisfaction, set_performance, set_exact, set_cpu_fallback, set_reasons) = _DECISION
+     set_requested_level, set_satisfaction, set_performance, set_exact, set_cpu_fallback, set_reasons,
+     set_cpu_only, set_near) = _DECISION
     set_gpus(self, gpus)
     set_placements(self, placements)
     set_cpus(self, cpus)
@@ -258,6 +318,8 @@ def _decision_init(self, gpus, placements, cpus, memory_nodes, numa_nodes, cost,
     set_exact(self, exact)
     set_cpu_fallback(self, cpu_fallback)
     set_reasons(self, reasons)
+    set_cpu_only(self, cpu_only)
+    set_near(self, near)
 
 
 slot_init(Placement, _placement_init)

@@ -51,10 +51,12 @@ class Lease:
     enforcement: str = "none"
     # The systemd scope its job runs in when one was made through the API (topod-lease-<id>.scope).
     scope: str | None = None
-    cpus: tuple[int, ...] = field(init=False, compare=False)  # every GPU's CPUs, sorted (derived)
+    # every GPU's CPUs, or a lease without GPUs' own (Decision.cpu_only), sorted (derived)
+    cpus: tuple[int, ...] = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "cpus", tuple(sorted(c for cpus in self.decision.cpus.values() for c in cpus)))
+        object.__setattr__(self, "cpus", tuple(sorted([*(c for cpus in self.decision.cpus.values() for c in cpus),
+                                                       *self.decision.cpu_only])))
 
     @property
     def gpus(self) -> tuple[int, ...]:
@@ -123,6 +125,9 @@ class Lease:
                                     level_floors=dict(perf.get("level_floors", {}))),
             exact=bool(raw.get("exact", True)), cpu_fallback=bool(raw.get("cpu_fallback", False)),
             reasons=tuple(raw.get("reasons", ())),
+            # A lease without GPUs: its CPUs are the lease's own (no placement holds them).
+            cpu_only=() if placements else tuple(int(c) for c in body.get("cpus", ())),
+            near=raw.get("near"),
         )
         return cls(
             id=body["id"], state=body["state"], owner_uid=body["owner_uid"], owner_gid=body["owner_gid"],
@@ -159,7 +164,7 @@ def _decision_json(decision: Decision) -> dict[str, Any]:
         "satisfaction": round(decision.satisfaction, 6), "numa_nodes": list(decision.numa_nodes),
         "performance": decision.performance.to_json(), "exact": decision.exact,
         "cpu_fallback": decision.cpu_fallback, "reasons": list(decision.reasons),
-    }
+    } | ({} if decision.near is None else {"near": decision.near})
 
 
 class DecisionMemo:

@@ -6,9 +6,33 @@ grant is decided: the grant fills it in once, and clients (topoctl bind) read it
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from topod.alloc.nics import nic_environment
 from topod.cpulist import format_cpulist
 from topod.service.lease import Lease
+
+
+def rocm_visible_devices(lease: Lease, amd: set[int], by_index: Mapping[int, Any]) -> dict[str, str]:
+    """ROCR_VISIBLE_DEVICES for a lease's AMD GPUs: their GPU-<unique_id> names, else their
+    ordinals among the host's AMD GPUs (ROCr's own numbering, in KFD node order). ROCr
+    applies it first and renumbers what is left from 0, and HIP then indexes that with
+    HIP_VISIBLE_DEVICES or CUDA_VISIBLE_DEVICES: so neither is set to the same list (it
+    would select nothing). NVIDIA GPUs of a mixed lease keep CUDA_VISIBLE_DEVICES."""
+    placements = lease.decision.placements
+    amd_order = sorted(index for index, gpu in by_index.items() if getattr(gpu, "amd", None) is not None)
+    names = {p.index: uuid for p, uuid in zip(placements, lease.gpu_uuids) if uuid}
+    ours = [p.index for p in placements if p.index in amd]
+    visible = ([names[i] for i in ours] if all(i in names for i in ours)
+               else [str(amd_order.index(i)) for i in ours])
+    env = {"ROCR_VISIBLE_DEVICES": ",".join(visible)}
+    nvidia = [p for p in placements if p.index not in amd]
+    if nvidia:
+        uuids = [names.get(p.index) for p in nvidia]
+        listed = [u for u in uuids if u] if all(uuids) else [str(p.index) for p in nvidia]
+        env.update({"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(listed)})
+    return env
 
 
 class LeaseEnvironment:
@@ -25,11 +49,17 @@ class LeaseEnvironment:
 
     def _decision_environment(self, lease: Lease) -> dict[str, str]:
         placements = lease.decision.placements
-        uuids = [u for u in lease.gpu_uuids if u]
-        visible = uuids if len(uuids) == len(placements) else [str(p.index) for p in placements]
-        env = {
-            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-            "CUDA_VISIBLE_DEVICES": ",".join(visible),
+        if not placements:
+            return _cpu_lease_environment(lease)
+        by_index = self._gpus_by_index()
+        amd = {p.index for p in placements if getattr(by_index.get(p.index), "amd", None) is not None}
+        if amd:
+            env = rocm_visible_devices(lease, amd, by_index)
+        else:
+            uuids = [u for u in lease.gpu_uuids if u]
+            visible = uuids if len(uuids) == len(placements) else [str(p.index) for p in placements]
+            env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(visible)}
+        env.update({
             "TOPOD_LEASE": lease.id,
             "TOPOD_GPUS": ",".join(map(str, lease.gpus)),
             "TOPOD_CPUS": format_cpulist(lease.cpus),
@@ -37,7 +67,7 @@ class LeaseEnvironment:
             "TOPOD_GPU_CPUS": ";".join(f"{p.index}:{format_cpulist(p.cpus)}" for p in placements),
             "TOPOD_GPU_NODES": ";".join(f"{p.index}:{'' if p.numa_node is None else p.numa_node}"
                                         for p in placements),
-        }
+        })
         gpu_memory = {p.index: self._gpu_memory_node(p.index, p.address) for p in placements}
         if any(node is not None for node in gpu_memory.values()):
             env["TOPOD_GPU_MEMORY_NODES"] = ";".join(f"{index}:{'' if node is None else node}"
@@ -48,3 +78,15 @@ class LeaseEnvironment:
     def _gpu_memory_node(self, index: int, address: str) -> int | None:
         gpu = self._gpus_by_index().get(index)
         return gpu.memory_numa_node if gpu is not None and gpu.address == address else None
+
+
+def _cpu_lease_environment(lease: Lease) -> dict[str, str]:
+    """A lease without GPUs: its CPUs and memory nodes, and CUDA_VISIBLE_DEVICES set empty,
+    which hides every GPU from CUDA (unset would show them all: the job holds none)."""
+    return {
+        "CUDA_VISIBLE_DEVICES": "",
+        "TOPOD_LEASE": lease.id,
+        "TOPOD_GPUS": "",
+        "TOPOD_CPUS": format_cpulist(lease.cpus),
+        "TOPOD_MEMORY_NODES": ",".join(map(str, lease.memory_nodes)),
+    }
