@@ -218,7 +218,7 @@ class LeaseService(LeaseEnvironment, LeaseWaiting, LeaseLifecycle):
             # Neither a ttl nor an owner would ever end it: it counts as delivered only once
             # the answer is written (answered()); see recover() for a crash before that.
             confirmed=bool(service.ttl_seconds or owner_pid),
-            enforcement=lease_mode(self.host_enforcement, bool(decision.cpus) and any(decision.cpus.values())),
+            enforcement=lease_mode(self.host_enforcement, bool(decision.cpu_only) or any(decision.cpus.values())),
         )
         # Filled in place: the lease is no one's yet, and a second Lease (replace) cost as much.
         lease.environment.update(self.environment(lease))
