@@ -29,6 +29,7 @@ STATUS_OF_CODE = {
     "invalid_request": 400,
     "invalid_json": 400,
     "unknown_gpu": 400,
+    "unknown_device": 400,
     "invalid_telemetry": 400,
     "permission_denied": 403,
     "lease_not_found": 404,

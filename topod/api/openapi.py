@@ -19,7 +19,7 @@ from topod.api.schemas import (
 )
 
 ERROR_DESCRIPTIONS = {
-    400: "invalid_json, invalid_request, unknown_gpu, invalid_telemetry",
+    400: "invalid_json, invalid_request, unknown_gpu, unknown_device, invalid_telemetry",
     403: "permission_denied",
     404: "lease_not_found",
     408: "request_timeout: the body stalled for [api] idle_timeout_seconds; the connection is closed",

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from topod.alloc.nics import MAX_NICS_PER_GPU
 from topod.alloc.request import (
-    LEVELS, MAX_CPUS_PER_GPU, MAX_GPUS, MAX_JOB_LENGTH, MAX_MEMORY_MIB, MAX_MODEL_LENGTH, MAX_PRIORITY,
-    MIN_PRIORITY,
+    LEVELS, MAX_CPUS, MAX_CPUS_PER_GPU, MAX_GPUS, MAX_JOB_LENGTH, MAX_MEMORY_MIB, MAX_MODEL_LENGTH, MAX_NEAR_LENGTH,
+    MAX_PRIORITY, MIN_PRIORITY,
 )
 from topod.alloc.service_request import RequestLimits
 
@@ -25,6 +25,10 @@ CLEAN_TEXT = r"^[^\u0000-\u001f\u007f-\u009f]*$"
 BLANKS = r"[^\S\u0000-\u001f\u007f-\u009f]*"
 GPU_NAME_PATTERN = (rf"^{BLANKS}(?:(?:[0-9a-fA-F]{{4,8}}:)?[0-9a-fA-F]{{2}}:[0-9a-fA-F]{{2}}\.[0-7]"
                     rf"|(?:[gG][pP][uU]|[mM][iI][gG])-[0-9a-fA-F-]{{8,}}){BLANKS}$")
+# near: node:N, a PCI address (domain optional, any case) or a kernel device name, blanks
+# around stripped (topod.alloc.request._near); the name at most MAX_NEAR_LENGTH long.
+NEAR_PATTERN = (rf"^{BLANKS}(?:node:[0-9]{{1,9}}|(?:[0-9a-fA-F]{{4,8}}:)?[0-9a-fA-F]{{2}}:[0-9a-fA-F]{{2}}\.[0-7]"
+                rf"|[A-Za-z0-9][A-Za-z0-9_.@-]{{0,{MAX_NEAR_LENGTH - 1}}}){BLANKS}$")
 
 
 def _any_case(word: str) -> str:
@@ -44,6 +48,7 @@ LINK_PATTERN = f"^{BLANKS}(?:" + "|".join(
 ERROR = {
     "type": "object", "required": ["code", "message"], "additionalProperties": False,
     "description": "Every error. `code` is machine-readable: invalid_json, invalid_request, unknown_gpu, "
+                   "unknown_device (a lease's `near` names no device or node of this host), "
                    "invalid_telemetry (400); permission_denied (403); lease_not_found, not_found (404); "
                    "method_not_allowed (405, with an Allow header); request_timeout (408: a body that "
                    "stalled for [api] idle_timeout_seconds); insufficient_gpus, insufficient_cpus, "
@@ -66,8 +71,32 @@ def lease_request(limits: RequestLimits) -> dict:
         "type": "object",
         "required": ["gpus"],
         "additionalProperties": False,
+        "description": "A GPU lease (gpus >= 1), or a lease without GPUs: gpus 0 with `cpus` (and `near`); "
+                       "`cpus` and `near` are for the latter only, and it asks for nothing of GPUs (no model, "
+                       "min_memory_mib, gpu_memory_nodes, nics_per_gpu or must_include).",
+        # gpus 0: cpus required and nothing asked of GPUs; gpus >= 1: neither cpus nor near.
+        "if": {"properties": {"gpus": {"const": 0}}},
+        "then": {"required": ["cpus"],
+                 "properties": {"must_include": {"maxItems": 0}, "model": {"type": "null"},
+                                "min_memory_mib": {"const": 0}, "gpu_memory_nodes": {"const": False},
+                                "nics_per_gpu": {"enum": [None, 0]}}},
+        "else": {"not": {"anyOf": [{"required": ["cpus"]}, {"required": ["near"]}]}},
         "properties": {
-            "gpus": {"type": "integer", "minimum": 1, "maximum": MAX_GPUS, "description": "number of GPUs"},
+            "gpus": {"type": "integer", "minimum": 0, "maximum": MAX_GPUS,
+                     "description": "number of GPUs; 0: a lease without GPUs (then `cpus` is required)"},
+            "cpus": {"type": "integer", "minimum": 1, "maximum": MAX_CPUS,
+                     "description": "gpus 0 only: logical CPUs, rounded up to whole physical cores (every "
+                                    "hyper-thread of a core), from the same pool as the GPU leases' CPUs; never "
+                                    "isolated, nohz_full or reserved ones. 409 insufficient_cpus when too few are "
+                                    "free (retryable false when the node, or at level 'any' the host, never has "
+                                    "that many)"},
+            "near": {"type": ["string", "null"], "pattern": NEAR_PATTERN,
+                     "description": "gpus 0 only: the CPUs come from this device's NUMA node, its PCIe local CPUs "
+                                    "first: a device name (nvme1, mlx5_0, eth0), a PCI address or node:N (400 "
+                                    "unknown_device when this host has none such, naming what it has). Levels "
+                                    "good and best keep every CPU on that node; 'any' takes the rest from the "
+                                    "nearest nodes by NUMA distance. Null or left out: the node with the most "
+                                    "free CPUs"},
             "must_include": {
                 "type": "array", "uniqueItems": True, "maxItems": MAX_GPUS,
                 "description": "GPU indices, PCI addresses or UUIDs the set must contain (at most `gpus` of them)",
@@ -169,6 +198,8 @@ DECISION = {
         "exact": {"type": "boolean"},
         "cpu_fallback": {"type": "boolean"},
         "reasons": {"type": "array", "items": {"type": "string"}},
+        "near": {"type": "string", "description": "a lease without GPUs: the device or node its CPUs were chosen "
+                                                  "near, as the request named it (absent otherwise)"},
     },
 }
 
