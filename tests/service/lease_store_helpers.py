@@ -1,6 +1,6 @@
 """Test seams for the lease store (topod/service/lease_store.py and its group-commit
 writer): a lease made from plain values, a GPU leased on disk behind the mirror's back,
-and the writer's disk made fast, slow or watched transaction by transaction."""
+and the writer's disk made slow or watched transaction by transaction."""
 
 from __future__ import annotations
 
@@ -48,21 +48,8 @@ def _another_writer_takes(store: LeaseStore, *addresses: str) -> None:
         db.close()
 
 
-# What counts as a fast disk in the tests of the loop's commits: the default (2 ms) is
-# this VM's fsync with room to spare, but a test must not depend on the disk it runs on;
-# the slow disk these tests make is far slower.
-FAST_ENOUGH = 0.05
-
-
-def _fast_disks(monkeypatch) -> None:
-    import topod.service.lease_writer as lease_writer
-
-    monkeypatch.setattr(lease_writer, "LOOP_COMMIT_UNDER_SECONDS", FAST_ENOUGH)
-
-
 async def _writer_idle(store: LeaseStore) -> None:
-    """Until the writer thread waits for work again: a change queued while it is still
-    finishing its last commit is its own to take (no loop commit), as it should be."""
+    """Until the writer thread waits for work again (a change queued then wakes it)."""
     while not store.writer._idle:
         await asyncio.sleep(0.001)
 

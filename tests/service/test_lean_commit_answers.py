@@ -17,7 +17,6 @@ from cyclic_garbage import garbage_after
 
 from tests.service.lease_store_helpers import _another_writer_takes
 from topod.api.leanhttp import LeanConnection
-from topod.service import lease_writer
 from topod.service.leases import LeaseService
 
 GRANT = json.dumps({"gpus": 1, "level": "any", "cpus_per_gpu": 0}).encode()
@@ -58,25 +57,6 @@ class Site:
         self.idle_sweep = SimpleNamespace(watch=lambda: None)
 
 
-@pytest.fixture(params=["loop", "thread"], autouse=True)
-def commit_path(request, service, monkeypatch):
-    """Every race here on both commit paths: a lone change committed by the event loop at
-    the end of its turn (commits known fast), or by the writer thread (the disk slow)."""
-    writer = service.store.writer
-
-    async def first_commit() -> None:  # always the thread's (it starts the thread)
-        await writer.queue([], lambda: None)
-
-    asyncio.run(first_commit())
-    deadline = time.monotonic() + 5
-    while not writer._idle and time.monotonic() < deadline:  # back to waiting for work
-        time.sleep(0.001)
-    writer._commit_seconds = 0.0001
-    # The loop path on any disk (commits under 50 ms count as fast), or none of it.
-    monkeypatch.setattr(lease_writer, "LOOP_COMMIT_UNDER_SECONDS", 0.05 if request.param == "loop" else 0.0)
-    return request.param
-
-
 def _connection(alloc: LeaseService) -> tuple[LeanConnection, RecordingTransport]:
     backend = SimpleNamespace(alloc=alloc, allowed_group=None, lease_text=alloc.store.answer_text,
                               lease_json=alloc.store.json_of)
@@ -104,7 +84,7 @@ async def _until(condition, seconds: float = 5.0) -> None:
         await asyncio.sleep(0.001)
 
 
-def test_a_grant_is_answered_once_on_disk_without_a_task(service, commit_path):
+def test_a_grant_is_answered_once_on_disk_without_a_task(service):
     async def scenario():
         connection, transport = _connection(service)
         connection.data_received(_post(GRANT))
@@ -118,7 +98,6 @@ def test_a_grant_is_answered_once_on_disk_without_a_task(service, commit_path):
         return lease.id
 
     lease_id = asyncio.run(scenario())
-    assert service.store.writer.loop_commits == (1 if commit_path == "loop" else 0)
     service.store.flush()
     assert [row[0] for row in service.store.writer._db.execute("SELECT id FROM leases")] == [lease_id]
     assert service.store.get(lease_id).confirmed, "the written answer confirmed the lease"

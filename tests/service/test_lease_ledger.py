@@ -236,7 +236,7 @@ def test_a_failed_write_shows_in_problem_until_a_write_succeeds(ledger):
 
 # -- row 4: the database unlinked or replaced under the daemon --------------------------
 @pytest.mark.parametrize("how", ["unlinked", "replaced"])
-def test_a_database_removed_under_the_store_refuses_writes_and_says_why(ledger, tmp_path, how):
+def test_a_database_removed_under_the_store_is_rebuilt_before_the_next_answer(ledger, tmp_path, how):
     service, store = ledger()
 
     async def scenario():
@@ -244,16 +244,18 @@ def test_a_database_removed_under_the_store_refuses_writes_and_says_why(ledger, 
         os.unlink(store.path)
         if how == "replaced":
             sqlite3.connect(store.path).close()
-        with pytest.raises(LeaseStoreError, match=how.replace("unlinked", "deleted").replace("replaced",
-                                                                                                 "replaced")):
-            await service.allocate({"gpus": 1, "level": "any", "ttl_seconds": 60}, ROOT)
-        with pytest.raises(LeaseStoreError):
-            await service.allocate({"gpus": 1, "level": "any", "ttl_seconds": 60}, ROOT)
-        return kept
+        later = await service.allocate({"gpus": 1, "level": "any", "ttl_seconds": 60}, ROOT)
+        return kept, later
 
-    kept = asyncio.run(scenario())
-    assert store.writer.broken is not None and "restarted" in store.problem()
-    assert [lease.id for lease in store.all()] == [kept.id], "the refused grants left nothing in memory"
+    kept, later = asyncio.run(scenario())
+    assert store.problem() is None and store.writer.rebuilds == 1
+    assert _on_disk(store) == {kept.id, later.id}
+    store.close()
+    db = sqlite3.connect(store.path)  # what the next start reads, through a connection of its own
+    try:
+        assert {row[0] for row in db.execute("SELECT id FROM leases")} == {kept.id, later.id}
+    finally:
+        db.close()
 
 
 # -- row 2: owner tracking that fails safe -------------------------------------------

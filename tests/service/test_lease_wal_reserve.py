@@ -33,7 +33,7 @@ def test_the_first_thread_commit_reserves_the_wal_and_commits_then_overwrite_it(
         asyncio.run(_churn(store, 30))  # 60 commits of a few pages: inside the room, no growth
         store.flush()
         assert wal.stat().st_size == lease_db.WAL_RESERVE_BYTES
-        assert store.writer.loop_commits > 0 and [lease.id for lease in store.all()] == ["kept"]
+        assert [lease.id for lease in store.all()] == ["kept"]
     finally:
         store.close()
 

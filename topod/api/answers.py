@@ -38,6 +38,8 @@ STATUS_OF_CODE = {
     "insufficient_gpus": 409,
     "insufficient_cpus": 409,
     "insufficient_nics": 409,
+    "uid_quota": 409,
+    "group_quota": 409,
     "level_unreachable": 409,
     "gpu_already_leased": 409,
     "wait_timeout": 409,
@@ -47,6 +49,7 @@ STATUS_OF_CODE = {
     "queue_full": 429,
     "too_many_streams": 429,
     "internal_error": 500,
+    "state_disk_full": 507,
     "unavailable": 503,
     "too_many_connections": 503,
 }
@@ -119,7 +122,11 @@ def error_document(exc: Exception, method: str, path: str) -> tuple[int, dict[st
         # retryable (allocation errors): False when waiting cannot help (more GPUs than the
         # host has, a model it lacks); topoctl exits 1 then, 75 only when a retry may work.
         retry = {"retryable": exc.retryable} if isinstance(getattr(exc, "retryable", None), bool) else {}
-        return status, {"code": exc.code, "message": str(exc), **retry}
+        # An error's own numbers (a quota refusal's held, asked, cap): fields beside the message.
+        details = getattr(exc, "details", None)
+        extra = {k: v for k, v in details.items() if k not in ("code", "message", "retryable")} \
+            if isinstance(details, dict) else {}
+        return status, {"code": exc.code, "message": str(exc), **retry, **extra}
     if isinstance(exc, PermissionError):  # reading the peer's credentials, or a file the daemon may not touch
         return 403, {"code": "permission_denied", "message": f"permission denied: {exc.strerror or exc}"}
     return fault_document(method, path, exc)

@@ -48,6 +48,9 @@ class DaemonReports:
         refused = self.api_gate.refused_recently() if self.api_gate is not None else None
         if refused:
             reasons.append(refused)
+        shortfall = self.api_gate.shortfall() if self.api_gate is not None else None
+        if shortfall:  # the descriptor limit cannot serve [api] max_connections
+            reasons.append(shortfall)
         degraded_leases = [lease.id for lease in self.alloc.leases() if lease.missing_gpus]
         if degraded_leases:
             reasons.append(f"lease(s) with missing GPUs: {', '.join(degraded_leases)}")
@@ -77,10 +80,11 @@ class DaemonReports:
             "container": self.container,
             "enforcement": self.enforcement.to_json(),
             "isolation": self.isolate.health(),
+            "nccl": self.nccl.health(),
             "scopes": self.scopes.health(),
             "loops": self.supervisor.report(now),
             "commits": {"transactions": self.store.commits, "changes": self.store.changes,
-                        "on_loop": self.store.writer.loop_commits},
+                        "ledger_rebuilds": self.store.writer.rebuilds},
         }
 
     async def irq_report(self) -> dict:

@@ -14,14 +14,23 @@ the writer thread checkpoints between batches (topod.service.lease_writer).
 
 A database that is not SQLite, is damaged, or holds a row that does not read back is left
 exactly as it is and stops the start: topod will not guess which GPUs it held.
+
+The files at the path are what the next start reads, so the writer checks them against
+the ones it opened (ledger_files) around every commit. When they differ (the database or
+its WAL deleted, replaced, or a journal planted beside them), the leases the writer's
+connection holds are copied into memory (rescue) and written as a complete new database
+at the path (rebuild_at: a temporary file, fsync, the stale WAL and journal removed,
+rename, fsync of the directory).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sqlite3
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 from topod.cappedread import file_kind
@@ -54,6 +63,14 @@ class LeaseStoreError(TopodError):
     """The lease database could not be written: the change was undone."""
 
     code = "state_write_failed"
+
+
+class LeaseStoreFullError(LeaseStoreError):
+    """The state dir's disk is (nearly) full: grants are refused so that releases, which
+    need less room, still go through."""
+
+    code = "state_disk_full"
+    retryable = True
 
 
 def open_database(state_dir: str | Path, synchronous: str) -> tuple[Path, sqlite3.Connection]:
@@ -188,6 +205,107 @@ def load_leases(db: sqlite3.Connection, path: Path) -> list[Lease]:
                              "topod will not guess what it held. Release its GPUs by hand and delete "
                              "the row, or move the database away") from exc
     return leases
+
+
+# What the next start reads: the database, its WAL, and a rollback journal (never ours in WAL
+# mode; one planted beside the database would be rolled back into it at the next open).
+LEDGER_SUFFIXES = {"database": "", "wal": "-wal", "journal": "-journal"}
+
+
+def ledger_files(path: Path) -> dict[str, tuple[int, int] | None]:
+    """The identity of the state dir and of each ledger file at `path` now."""
+    found = {"directory": file_identity(path.parent)}
+    for name, suffix in LEDGER_SUFFIXES.items():
+        found[name] = file_identity(Path(f"{path}{suffix}"))
+    return found
+
+
+def ledger_difference(expected: dict[str, tuple[int, int] | None],
+                      found: dict[str, tuple[int, int] | None]) -> str | None:
+    """How the files found at the path differ from those the writer opened, or None."""
+    for name, identity in expected.items():
+        now = found.get(name)
+        if now == identity:
+            continue
+        if identity is None:
+            return f"a {name} file appeared beside it"
+        return f"its {name} was deleted" if now is None else f"its {name} was replaced by another file"
+    return None
+
+
+def rescue(db: sqlite3.Connection) -> sqlite3.Connection:
+    """What `db` holds, every committed change included, copied into memory: the connection
+    reads through its own descriptors, so a database or WAL unlinked or replaced at the path
+    still reads back as it was written."""
+    copy = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+    try:
+        db.backup(copy)
+        copy.execute("SELECT count(*) FROM leases").fetchone()
+    except BaseException:
+        copy.close()
+        raise
+    return copy
+
+
+def rebuild_at(path: Path, source: sqlite3.Connection, synchronous: str,
+               release_old: Callable[[], None]) -> sqlite3.Connection:
+    """A complete database written at `path` from `source`, atomically, and the writer's
+    new connection to it. The WAL and journal at the path are removed just before the
+    rename: SQLite applies whatever WAL it finds beside a database, and a stale one would
+    write pages of the old file into the new. release_old() closes the old connection once
+    the new file is in place and before it is opened: a WAL database's close checkpoints
+    into its own file, then deletes the WAL *by path*, which must not yet be the new one's."""
+    _private_directory(path.parent)
+    temporary = path.with_name(f".{path.name}.rebuild-{os.getpid()}")
+    for leftover in (temporary, Path(f"{temporary}-journal")):
+        _remove_if_present(leftover)
+    copy = sqlite3.connect(temporary, isolation_level=None, check_same_thread=False)
+    try:
+        source.backup(copy)
+    finally:
+        copy.close()
+    _fsync_file(temporary)
+    for suffix in ("-wal", "-journal", "-shm"):
+        _remove_if_present(Path(f"{path}{suffix}"))
+    os.rename(temporary, path)
+    _fsync_file(path.parent)
+    release_old()
+    return open_database(path.parent, synchronous)[1]
+
+
+def _remove_if_present(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def io_fault(path: Path) -> str | None:
+    """An I/O error the disk gives now reading the ledger's files (EIO hides behind SQLite's
+    'disk image is malformed'), named with its errno and file; None when they read."""
+    for suffix in ("", "-wal"):
+        name = f"{path}{suffix}"
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            return f"{errno.errorcode.get(exc.errno, exc.errno)} opening {name}: {exc.strerror}"
+        try:
+            os.pread(fd, 4096, 0)
+        except OSError as exc:
+            return f"{errno.errorcode.get(exc.errno, exc.errno)} reading {name}: {exc.strerror}"
+        finally:
+            os.close(fd)
+    return None
 
 
 def file_identity(path: Path) -> tuple[int, int] | None:

@@ -21,12 +21,12 @@ from typing import Any
 from topod.alloc.nics import lease_nic_keys
 from topod.service.batch_sql import CONFIRM_LEASE, DELETE_LEASE, INSERT_DEVICES, INSERT_LEASE, UPDATE_LEASE
 from topod.service.lease import Lease
-from topod.service.lease_db import (SYNCHRONOUS, LeaseConflictError, LeaseStoreError, close_quietly, load_leases,
-                                    open_database)
+from topod.service.lease_db import (SYNCHRONOUS, LeaseConflictError, LeaseStoreError, LeaseStoreFullError,
+                                    close_quietly, load_leases, open_database)
 from topod.service.lease_writer import GroupCommitWriter
 
 # Defined with the file (topod.service.lease_db); the rest of the daemon imports them from here.
-__all__ = ["SYNCHRONOUS", "LeaseConflictError", "LeaseStore", "LeaseStoreError"]
+__all__ = ["SYNCHRONOUS", "LeaseConflictError", "LeaseStore", "LeaseStoreError", "LeaseStoreFullError"]
 
 
 class LeaseStore:
@@ -35,7 +35,7 @@ class LeaseStore:
         "normal" (WAL: survives a crash of topod or the OS, may lose the last commits on
         power loss; fewer fsyncs)."""
         self.path, db = open_database(state_dir, synchronous)
-        self.writer = GroupCommitWriter(self.path, db)
+        self.writer = GroupCommitWriter(self.path, db, synchronous)
         # on_commit is on the path of every answer: the writer's own method, no wrapper.
         self.on_commit = self.writer.on_commit
         # The database is the truth; the mirror spares a query per read and lets a
@@ -128,6 +128,10 @@ class LeaseStore:
 
     # -- changing -----------------------------------------------------------------
     def add(self, lease: Lease) -> asyncio.Future | None:
+        if self.writer.space_low is not None:
+            # Refused before releases are: a release frees room, a grant takes it.
+            raise LeaseStoreFullError(f"lease not granted: {self.writer.space_low}; releases still work, "
+                                      "grants resume once there is room")
         taken = {address: self._holder[address] for address in lease.addresses if address in self._holder}
         if taken or lease.id in self._cache:
             raise LeaseConflictError(f"GPU(s) {sorted(taken)} already leased ({sorted(set(taken.values()))})")

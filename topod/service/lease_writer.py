@@ -6,29 +6,36 @@ with its undo and gets a future that resolves, on its event loop, when the trans
 holding it is on disk; a failed commit undoes its changes (topod.service.lease_store's
 mirror changed at once, before they were queued) and fails their futures.
 
-A change that waits alone, on a writer that is idle, is committed by the event loop
-itself once its turn is over: the two hand-offs between threads (waking the writer, then
-waking the loop with the result) cost ~60 us each on a VM, a fifth of a grant's answer,
-while the loop had nothing else to do but wait. Only while commits are fast (their recent
-average under LOOP_COMMIT_UNDER_SECONDS): a slow or stalling disk holds the loop for one
-commit at most, and then every change goes to the thread again. Batches of several
-changes (load) and commits with a checkpoint due stay the thread's, so the loop goes on
-serving while they are written. One lock keeps the two from writing at once; changes are
-committed in the order they were queued either way.
+Only this thread writes: the event loop never commits, checkpoints or fsyncs, whatever
+the disk did recently, so a stalled disk stalls lease changes, never health, metrics or
+the watchdog. A write running longer than STALLED_WRITE_SECONDS is reported while it lasts.
 
 SQLite's automatic checkpoints are off (topod.service.lease_db): the writer thread
 checkpoints between batches, when no change is waiting, at least every
 CHECKPOINT_EVERY_COMMITS commits, and regardless of waiting changes past
 CHECKPOINT_FORCE_COMMITS, so the WAL stays bounded under any load.
 
-After every commit the writer checks that the database is still the file at its path: an
-unlinked or replaced database takes commits into a deleted inode and the next start finds
-nothing, so from then on the store is broken and refuses every change.
+The ledger repairs itself. Before and after every commit the writer compares the files at
+the database's path (the directory, the database, its WAL, a journal) with those it opened:
+a file deleted or replaced there would take commits into an inode no start will read. On
+any difference it copies what its connection holds (every committed change) into memory,
+writes a complete database at the path from it (topod.service.lease_db.rebuild_at) and
+reopens, before any answer goes out: a change is acknowledged only once it is in the file
+the next start reads. A batch found lost after its commit waits for the rebuild (retried
+with backoff); a batch that finds the ledger lost before it is written fails cleanly when
+the rebuild fails (nothing of it is anywhere), and the rebuild is tried again before the
+next batch.
+
+Failures are remembered per kind of write (grant, update, confirm, release): health stays
+degraded until a write of the same kind succeeds. When the state dir's free space falls
+under GRANT_FLOOR_BYTES (or a write meets a full disk) new grants are refused at once,
+so that releases, which need far less room (the WAL's reserved blocks), still go through.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 import threading
 import time
@@ -37,9 +44,11 @@ from pathlib import Path
 
 import structlog
 
+from topod.service.batch_sql import CONFIRM_LEASE, DELETE_LEASE, INSERT_LEASE, UPDATE_LEASE
 from topod.service.lease_change import QueuedChange, failure_of, settle
 from topod.service.lease_commit import StatementFailed, transaction
-from topod.service.lease_db import LeaseStoreError, file_identity, reserve_wal
+from topod.service.lease_db import (LeaseStoreError, close_quietly, io_fault, ledger_difference, ledger_files,
+                                    rebuild_at, rescue, reserve_wal)
 
 log = structlog.get_logger("topod")
 
@@ -57,36 +66,48 @@ CHECKPOINT_FORCE_COMMITS = 2000
 # covers (LeaseService.recover: [alloc] unconfirmed_grace_seconds, then it ends unless its
 # holder renews it). It saves an fsync per grant of a lease with neither ttl nor owner.
 LAZY_SECONDS = 1.0
-# The loop commits a lone change itself only while the recent commits' average (an
-# exponential one, COMMIT_AVERAGE_WEIGHT for the newest) is under this: a disk this slow
-# would hold the loop, and every client, that long.
-LOOP_COMMIT_UNDER_SECONDS = 0.002
-COMMIT_AVERAGE_WEIGHT = 0.2
 # A write running this long is a disk that does not answer: health says so while it lasts
 # (the changes in it wait; nothing is undone, as the write may still land).
 STALLED_WRITE_SECONDS = 5.0
+# Grants are refused while the state dir has less room than this: a grant's row and its
+# WAL frames take a few pages, a release less, and the WAL's reserved blocks
+# (lease_db.WAL_RESERVE_BYTES) keep releases writable on a full disk. Checked after every
+# commit, and every LOW_SPACE_RECHECK_SECONDS while low.
+GRANT_FLOOR_BYTES = 4 << 20
+LOW_SPACE_RECHECK_SECONDS = 5.0
+# A ledger lost after a commit is rebuilt before that commit's answers go out: tried again
+# after each of these pauses in turn (the last repeats) until it succeeds or topod stops.
+REBUILD_BACKOFF_SECONDS = (0.05, 0.2, 1.0, 5.0)
+# The kind of write a change is, by its first statement: failures are remembered per kind.
+WRITE_KINDS = {INSERT_LEASE: "grant", UPDATE_LEASE: "update", CONFIRM_LEASE: "confirm", DELETE_LEASE: "release"}
+
+
+def write_kind(op: QueuedChange) -> str:
+    return WRITE_KINDS.get(op.sql[0][0], "other") if op.sql else "none"
 
 
 class GroupCommitWriter:
     """The changes queued for the database and the thread that commits them (started by
     the first change queued on an event loop); LeaseStore owns one."""
 
-    def __init__(self, path: Path, db: sqlite3.Connection) -> None:
+    def __init__(self, path: Path, db: sqlite3.Connection, synchronous: str = "full") -> None:
         """db: the open database at `path` (topod.service.lease_db.open_database), written
         by this writer alone; close() closes it."""
         self.path = path
-        self._db = db
-        # The file this store writes is the one the next start reads only while the path
-        # still names it: an unlinked or replaced database takes commits into a deleted
-        # inode and the next start finds nothing. Checked after every commit.
-        self._identity = file_identity(path)
-        self.broken: str | None = None  # set once: the database is not the file at its path
-        self.failing: str | None = None  # the last write's error, until a write succeeds
+        self._db: sqlite3.Connection | None = db
+        self._synchronous = synchronous
+        # What the next start reads is what is at the path: the files opened there now,
+        # checked around every commit (see the module's note).
+        self._files = ledger_files(path)
+        self.lost: str | None = None  # why the ledger at the path is not the one written, until rebuilt
+        self._rescued: sqlite3.Connection | None = None  # the committed leases, in memory, until rebuilt
+        self.rebuilds = 0
+        self._failing: dict[str, str] = {}  # write kind -> its last error, until one of that kind succeeds
+        self.space_low: str | None = None  # why grants are refused (the state dir's disk is full), or None
         self._pending: list[QueuedChange] = []
-        # Held by whoever writes the database (the thread, or the loop committing a lone
-        # change); taken while holding _cond, with the batch, so batches commit in order.
+        # Held by whoever writes the database; taken while holding _cond, with the batch,
+        # so batches commit in order.
         self._db_lock = threading.Lock()
-        self._commit_seconds: float | None = None  # the recent commits' average; None before the first
         self._writing_since: float | None = None  # when the write in progress began
         self._unsettled: dict[asyncio.Future, QueuedChange] = {}  # commit -> its change, until settled (on_commit)
         self._cond = threading.Condition()
@@ -101,7 +122,6 @@ class GroupCommitWriter:
         self.commits = 0  # transactions written (one fsync each)
         self.changes = 0  # changes they carried
         self.checkpoints = 0
-        self.loop_commits = 0  # of `commits`, those the event loop wrote itself
         self._unchecked_commits = 0  # commits in the WAL since the last checkpoint
 
     # -- queueing changes (on the event loop) -------------------------------------------
@@ -119,9 +139,6 @@ class GroupCommitWriter:
             loop = None
         if loop is None:
             self.flush()
-            if self.broken is not None:
-                undo()
-                raise LeaseStoreError(f"{self.broken}; the change was not made")
             op = QueuedChange(sql, undo, None, None, on_success=on_success)
             with self._db_lock:
                 self._commit([op])
@@ -137,9 +154,6 @@ class GroupCommitWriter:
             if self._closing:
                 undo()
                 raise LeaseStoreError("the lease store is closed; the change was not made")
-            if self.broken is not None:
-                undo()
-                raise LeaseStoreError(f"{self.broken}; the change was not made")
             self._pending.append(op)
             self._unsettled[future] = op
             if self._thread is None:
@@ -189,37 +203,13 @@ class GroupCommitWriter:
             settle(op)
 
     def _wake(self, loop: asyncio.AbstractEventLoop) -> None:
-        """The end of a loop turn that queued changes: a lone change is committed here
-        (see the module's note), anything else wakes the idle writer."""
+        """The end of a loop turn that queued changes: wake the idle writer (never a write
+        here: the loop only routes)."""
         with self._cond:
             self._wake_due = None
-            batch = self._lone_change(loop)
-            if batch is None:
-                if self._idle and (self._urgent or self._closing):
-                    self._idle = False
-                    self._cond.notify()
-                return
-            self._db_lock.acquire()  # under _cond, with the batch: the order of commits
-        try:
-            self._commit(batch)
-            self.loop_commits += 1
-        finally:
-            self._db_lock.release()
-        self._settle_all(batch)
-
-    def _lone_change(self, loop: asyncio.AbstractEventLoop) -> list[QueuedChange] | None:
-        """Under _cond: the pending changes, taken, when the loop is to commit them itself:
-        one change waits (confirmations may ride along), all of this loop, the writer
-        idle, commits fast, no checkpoint due (the thread does it, after the commit)."""
-        average = self._commit_seconds
-        if (self._urgent != 1 or not self._idle or self._closing or average is None
-                or average >= LOOP_COMMIT_UNDER_SECONDS
-                or self._unchecked_commits + 1 >= CHECKPOINT_EVERY_COMMITS
-                or any(op.loop is not loop for op in self._pending)):
-            return None
-        batch, self._pending = self._pending, []
-        self._urgent, self._lazy_deadline = 0, None
-        return batch
+            if self._idle and (self._urgent or self._closing):
+                self._idle = False
+                self._cond.notify()
 
     def _lazy_due(self, loop: asyncio.AbstractEventLoop) -> None:
         """A confirmation's deadline (on its loop): wake the idle writer to write it, if
@@ -239,13 +229,15 @@ class GroupCommitWriter:
         while True:
             with self._cond:
                 while not self._urgent and not self._closing:
-                    wait = None  # nothing pending: until a change comes
+                    wait = LOW_SPACE_RECHECK_SECONDS if self.space_low else None  # else until a change comes
                     if self._pending:  # confirmations only: until their deadline
                         wait = self._lazy_deadline - time.monotonic()
                         if wait <= 0:
                             break
                     self._idle = True
-                    self._cond.wait(wait)
+                    if not self._cond.wait(wait) and self.space_low and not self._pending:
+                        self._idle = False
+                        self._check_space()
                 self._idle = False
                 batch, self._pending = self._pending, []
                 self._urgent, self._lazy_deadline = 0, None
@@ -268,64 +260,146 @@ class GroupCommitWriter:
                 except RuntimeError:  # the loop is gone (shutdown): nothing waits any more
                     pass
             self._checkpoint_if_due()
-            if not self._wal_reserved and self.broken is None:  # a lost database's path names another file
+            if not self._wal_reserved and self.lost is None:
                 self._reserve_wal()
 
     def _commit(self, batch: list[QueuedChange]) -> None:
-        """Write the batch and check the file, holding _db_lock."""
-        self._writing_since = started = time.monotonic()
+        """Write the batch into the ledger at the path, holding _db_lock: rebuilt first
+        when it was lost; checked again once written, and rebuilt (with the batch) before
+        anyone is answered when it was lost meanwhile."""
+        changes = [op for op in batch if op.sql]
+        if not changes:
+            return
+        if not self._ledger_in_place():
+            for op in changes:
+                op.error = op.error or LeaseStoreError(f"{self.lost}; the change was not made")
+            self._note_outcome(changes)
+            return
+        self._writing_since = time.monotonic()
         try:
             self._write(batch)
         finally:
             self._writing_since = None
-        elapsed = time.monotonic() - started
-        average = self._commit_seconds
-        self._commit_seconds = elapsed if average is None else average + COMMIT_AVERAGE_WEIGHT * (elapsed - average)
-        self._check_own_file(batch)
-        if any(op.sql for op in batch):
-            self._unchecked_commits += 1
+        self._unchecked_commits += 1
+        if any(op.error is None for op in changes) and not self._ledger_in_place():
+            self._rebuild_until_done(changes)
+        self._note_outcome(changes)
+        self._check_space()
 
-    def _check_own_file(self, batch: list[QueuedChange]) -> None:
-        """After a write: is the database still the file at its path? If not, the batch
-        went into a file no start will read: fail it (undone, the clients told) and refuse
-        every later change. A failed write is remembered until one succeeds."""
-        changes = [op for op in batch if op.sql]
-        if not changes:
+    def _ledger_in_place(self) -> bool:
+        """Is the ledger the writer writes the one at the path? When it is not, rebuild it
+        there from what the writer's connection holds; False when that failed (self.lost
+        says why, and the next call tries again)."""
+        if self._rescued is None:
+            difference = ledger_difference(self._files, ledger_files(self.path))
+            if difference is None:
+                return True
+            self.lost = f"lease database {self.path}: {difference} while topod ran"
+            log.error("lease_ledger_lost", path=str(self.path), reason=difference)
+            try:
+                self._rescued = rescue(self._db)
+            except (sqlite3.Error, OSError) as exc:
+                self.lost = f"{self.lost}; reading the leases back failed: {exc}"
+                return False
+        try:
+            db = rebuild_at(self.path, self._rescued, self._synchronous, self._release_old)
+        except (sqlite3.Error, OSError, LeaseStoreError) as exc:
+            self.lost = f"{self.lost.split('; rebuilding')[0]}; rebuilding it failed: {exc}"
+            log.error("lease_ledger_rebuild_failed", path=str(self.path), error=str(exc))
+            return False
+        self._db = db
+        leases = self._rescued.execute("SELECT count(*) FROM leases").fetchone()[0]
+        self._rescued.close()
+        self._rescued = None
+        self._files = ledger_files(self.path)
+        self._wal_reserved, self._unchecked_commits = False, 0
+        self.rebuilds += 1
+        log.warning("lease_ledger_rebuilt", path=str(self.path), leases=leases, reason=self.lost)
+        self.lost = None
+        return True
+
+    def _rebuild_until_done(self, changes: list[QueuedChange]) -> None:
+        """The batch went into a ledger lost meanwhile: its answers wait until a rebuilt
+        one holds it. Should topod stop first, the changes fail (no one can be told)."""
+        for pause in self._pauses():
+            if self._closing:
+                break
+            time.sleep(pause)
+            if self._ledger_in_place():
+                return
+        for op in changes:
+            op.error = op.error or LeaseStoreError(f"{self.lost}; topod stopped before it was rebuilt")
+
+    @staticmethod
+    def _pauses():
+        yield from REBUILD_BACKOFF_SECONDS
+        while True:
+            yield REBUILD_BACKOFF_SECONDS[-1]
+
+    def _release_old(self) -> None:
+        """Close the connection to the lost ledger (rebuild_at says when)."""
+        db, self._db = self._db, None
+        close_quietly(db)
+
+    def _note_outcome(self, changes: list[QueuedChange]) -> None:
+        """Remember failures per kind of write, and clear a kind's once one succeeds."""
+        for op in changes:
+            kind = write_kind(op)
+            error = op.error
+            if error is None:
+                self._failing.pop(kind, None)
+            elif not isinstance(error, sqlite3.IntegrityError):  # a conflict: the client's, not the disk's
+                self._failing[kind] = self._explain(error)
+                if isinstance(error, sqlite3.Error) and getattr(error, "sqlite_errorname", "") == "SQLITE_FULL":
+                    self.space_low = f"the state dir's disk is full ({error})"
+
+    def _explain(self, error: BaseException) -> str:
+        """The error as health says it: an I/O fault of the disk named as such (SQLite can
+        report one as a malformed image)."""
+        if isinstance(error, sqlite3.Error):
+            fault = io_fault(self.path)
+            if fault is not None:
+                return f"I/O error on the state dir's disk: {fault} (SQLite: {error})"
+        return str(error)
+
+    def _check_space(self) -> None:
+        """Grants are refused while the state dir's free space is under GRANT_FLOOR_BYTES."""
+        try:
+            found = os.statvfs(self.path.parent)
+        except OSError:
             return
-        if self.broken is None:
-            found = file_identity(self.path)
-            if found != self._identity:
-                what = "was deleted" if found is None else "was replaced by another file"
-                self.broken = (f"lease database {self.path} {what} while topod ran; lease changes are refused "
-                               "until topod is restarted (it then reads what is at that path)")
-                log.error("lease_database_lost", path=str(self.path), reason=what)
-        if self.broken is not None:
-            for op in changes:
-                op.error = op.error or LeaseStoreError(self.broken)
-        errors = [op.error for op in changes if op.error is not None and not isinstance(op.error, sqlite3.IntegrityError)]
-        if errors:
-            self.failing = str(errors[0])
-        elif self.broken is None:
-            self.failing = None
+        free = found.f_bavail * found.f_frsize
+        if free < GRANT_FLOOR_BYTES:
+            if self.space_low is None:
+                log.warning("lease_grants_refused", reason="state dir nearly full", free_bytes=free)
+            self.space_low = (f"the state dir's disk has {free // 1024} KiB free (grants need "
+                              f"{GRANT_FLOOR_BYTES >> 20} MiB)")
+        elif self.space_low is not None:
+            log.info("lease_grants_resumed", free_bytes=free)
+            self.space_low = None
 
     def problem(self) -> str | None:
         """Why lease writes fail now (health and STATUS= say it), or None."""
-        if self.broken is not None:
-            return self.broken
-        if self.failing is not None:
-            return f"lease writes failing: {self.failing}"
+        problems = []
+        if self.lost is not None:
+            problems.append(self.lost)
+        if self._failing:
+            problems.append("lease writes failing: " + "; ".join(f"{kind}: {error}"
+                                                               for kind, error in sorted(self._failing.items())))
+        if self.space_low is not None:
+            problems.append(f"grants refused: {self.space_low}")
         since = self._writing_since
         if since is not None and (stalled := time.monotonic() - since) >= STALLED_WRITE_SECONDS:
-            return f"lease write stalled for {stalled:.0f} s: the state dir's disk does not answer"
-        return None
+            problems.append(f"lease write stalled for {stalled:.0f} s: the state dir's disk does not answer")
+        return "; ".join(problems) or None
 
     def _write(self, batch: list[QueuedChange]) -> None:
         """One transaction for the whole batch (topod.service.lease_commit). A change that
         violates a constraint fails alone: the batch is first written straight, and only
         when a statement fails is it written again change by change, with a savepoint
         each. A failed COMMIT fails them all, and so does a fault that is no SQLite error
-        (a bug, memory): the changes are undone and their clients told, and the writer, on
-        the loop or its thread, goes on with the next batch."""
+        (a bug, memory): the changes are undone and their clients told, and the writer
+        goes on with the next batch."""
         try:
             try:
                 self._transaction(batch, isolate=False)
@@ -345,7 +419,7 @@ class GroupCommitWriter:
         """Copy the WAL into the database when it is due and nothing waits (the answers
         of this batch are already on their way), or regardless when it is long overdue."""
         due = self._unchecked_commits
-        if due < CHECKPOINT_EVERY_COMMITS:
+        if due < CHECKPOINT_EVERY_COMMITS or self.lost is not None:
             return
         with self._cond:
             if self._urgent and due < CHECKPOINT_FORCE_COMMITS:
@@ -370,7 +444,9 @@ class GroupCommitWriter:
             self._db_lock.acquire()  # under _cond, as every taker of both: no deadlock
         self._writing_since = time.monotonic()  # a disk that hangs here shows in health too
         try:
-            problem = reserve_wal(self.path)
+            # Only into the WAL this writer opened: a lost one's path may name another file.
+            problem = reserve_wal(self.path) if ledger_difference(self._files, ledger_files(self.path)) is None \
+                else "the ledger's files changed; not reserved"
         finally:
             self._writing_since = None
             self._db_lock.release()
@@ -389,6 +465,8 @@ class GroupCommitWriter:
         marker.written.wait(timeout)
 
     def close(self) -> None:
+        if self._db is None and self._rescued is None:  # closed already
+            return
         with self._cond:
             self._closing = True
             self._cond.notify()
@@ -400,10 +478,17 @@ class GroupCommitWriter:
             log.error("lease_database_left_open", path=str(self.path), reason="a write did not end")
             return
         try:
+            # A ledger lost since the last commit is rebuilt before the close: the close's
+            # checkpoint would move the WAL's commits into a file no start reads and then
+            # delete the WAL at the path, which may be the only copy of them.
+            if not self._ledger_in_place():
+                log.error("lease_database_left_open", path=str(self.path), reason=self.lost)
+                return
             try:  # leave a short WAL behind: the next start reads less
                 self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
             except sqlite3.Error:
                 pass
-            self._db.close()
+            close_quietly(self._db)
+            self._db = None
         finally:
             self._db_lock.release()
