@@ -9,6 +9,9 @@ the rank's GPU's own NICs (TOPOD_GPU_NICS; left as they are when the lease has n
 this GPU has none of its own), and execs CMD, which inherits all of it.
 
 Rank r is the r-th GPU of the lease, the one CUDA numbers r under CUDA_VISIBLE_DEVICES.
+In a lease without GPUs (TOPOD_GPUS empty) every rank is pinned to the whole lease's CPUs
+(TOPOD_CPUS) and its memory bound to the lease's nodes (TOPOD_MEMORY_NODES); no rank is
+needed.
 A rank out of range, a GPU with no cores in the lease, or CPUs the kernel refuses is exit
 2 with one line: never a silent fallback to the whole lease or to no pinning. A memory
 binding the kernel cannot do is said on stderr and the command still runs.
@@ -32,7 +35,7 @@ class BindError(Exception):
 class RankBinding:
     rank: int
     rank_source: str
-    gpu: int
+    gpu: int | None  # None: a lease without GPUs (the rank gets the whole lease)
     cpus: tuple[int, ...]
     memory_nodes: tuple[int, ...]  # empty: the lease does not say the GPU's node
     visible_device: str  # what CUDA_VISIBLE_DEVICES names this GPU
@@ -69,6 +72,8 @@ def rank_binding(env: dict[str, str], rank: int | None = None, gpu_memory: bool 
     """The binding of one rank from a lease's environment (pure: no system call)."""
     from topod.cpulist import parse_cpulist
 
+    if env.get("TOPOD_GPUS") == "" and not env.get("TOPOD_GPU_CPUS") and env.get("TOPOD_CPUS"):
+        return _cpu_lease_binding(env, rank)
     index, source = _rank(env, rank)
     gpu_cpus = env.get("TOPOD_GPU_CPUS")
     if not gpu_cpus:
@@ -100,6 +105,28 @@ def rank_binding(env: dict[str, str], rank: int | None = None, gpu_memory: bool 
     visible = [v for v in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if v]
     device = visible[index] if index < len(visible) else str(gpu)
     return RankBinding(index, source, gpu, cpus, tuple(nodes), device, _rank_nics(env, gpu))
+
+
+def _cpu_lease_binding(env: dict[str, str], rank: int | None) -> RankBinding:
+    """A lease without GPUs: the whole lease's CPUs and memory nodes, whatever the rank."""
+    from topod.cpulist import parse_cpulist
+
+    try:
+        index, source = _rank(env, rank)
+    except BindError:
+        index, source = 0, "none (a lease without GPUs)"
+    try:
+        cpus = tuple(sorted(parse_cpulist(env["TOPOD_CPUS"])))
+    except ValueError as exc:
+        raise BindError(f"TOPOD_CPUS: {exc}") from None
+    nodes = []
+    for node in env.get("TOPOD_MEMORY_NODES", "").split(","):
+        if not node.strip():
+            continue
+        if not node.strip().isdecimal():
+            raise BindError(f"TOPOD_MEMORY_NODES: node {node!r} is not a number")
+        nodes.append(int(node))
+    return RankBinding(index, source, None, cpus, tuple(nodes), "")
 
 
 def _rank_nics(env: dict[str, str], gpu: int) -> dict[str, str]:
@@ -136,12 +163,13 @@ def run_bind(args) -> int:  # noqa: ANN001 - argparse namespace
     except OSError as exc:
         from topod.cpulist import format_cpulist
 
-        print(f"topoctl bind: rank {binding.rank}: cannot pin to GPU {binding.gpu}'s CPUs "
+        owner = "the lease" if binding.gpu is None else f"GPU {binding.gpu}"
+        print(f"topoctl bind: rank {binding.rank}: cannot pin to {owner}'s CPUs "
               f"{format_cpulist(binding.cpus)}: {exc.strerror or exc} (not on this host, or offline)", file=sys.stderr)
         return USAGE
     if warning:
         print(f"topoctl bind: rank {binding.rank}: WARNING: {warning}", file=sys.stderr)
-    memory = "memory not bound: the lease does not name GPU's node"
+    memory = "memory not bound: the lease does not name " + ("its nodes" if binding.gpu is None else "GPU's node")
     if binding.memory_nodes:
         from topod.membind import bind_memory
 
@@ -157,13 +185,17 @@ def run_bind(args) -> int:  # noqa: ANN001 - argparse namespace
         print(f"topoctl bind: rank {binding.rank}: WARNING: {memory}", file=sys.stderr)
     from topod.cpulist import format_cpulist
 
-    os.environ["TOPOD_RANK_GPU"] = str(binding.gpu)
+    if binding.gpu is not None:
+        os.environ["TOPOD_RANK_GPU"] = str(binding.gpu)
     os.environ.update(binding.nic_environment)
-    if not binding.nic_environment and os.environ.get("TOPOD_GPU_NICS"):
+    if binding.gpu is not None and not binding.nic_environment and os.environ.get("TOPOD_GPU_NICS"):
         print(f"topoctl bind: rank {binding.rank}: GPU {binding.gpu} has no NIC of its own in the lease; "
               "NCCL_IB_HCA and UCX_NET_DEVICES left as the lease set them", file=sys.stderr)
     os.environ["TOPOD_RANK_CPUS"] = format_cpulist(binding.cpus)
-    if args.verbose:
+    if args.verbose and binding.gpu is None:
+        print(f"topoctl bind: rank {binding.rank} ({binding.rank_source}) -> the lease's CPUs "
+              f"{format_cpulist(binding.cpus)} (a lease without GPUs), {memory}", file=sys.stderr)
+    elif args.verbose:
         print(f"topoctl bind: rank {binding.rank} ({binding.rank_source}) -> GPU {binding.gpu} "
               f"(CUDA device {binding.rank}, {binding.visible_device}), CPUs {format_cpulist(binding.cpus)}, "
               f"{memory}, NIC {binding.nic_environment.get('UCX_NET_DEVICES', 'as the lease set it')}",

@@ -27,11 +27,23 @@ def _client(args):
     return Client(args.socket)
 
 
+def _gpus(args) -> int:
+    """--gpus N; left out with --cpus, 0 (a lease without GPUs); neither is a usage error."""
+    if args.gpus is not None:
+        return args.gpus
+    if getattr(args, "cpus", None) is None:
+        from topod.cli.exits import UsageError
+
+        raise UsageError("give --gpus N, or --cpus N for a lease without GPUs")
+    return 0
+
+
 def _request_body(args) -> dict:
     body: dict = {}
     for key, value in (("level", args.level), ("priority", args.priority), ("cpus_per_gpu", args.cpus_per_gpu),
                        ("min_memory_mib", args.min_memory_mib), ("model", args.model), ("job", args.job),
-                       ("ttl_seconds", args.ttl), ("nics_per_gpu", getattr(args, "nics_per_gpu", None))):
+                       ("ttl_seconds", args.ttl), ("nics_per_gpu", getattr(args, "nics_per_gpu", None)),
+                       ("cpus", getattr(args, "cpus", None)), ("near", getattr(args, "near", None))):
         if value is not None:
             body[key] = value
     if args.must_include:
@@ -48,8 +60,13 @@ def _print_lease(lease: dict) -> None:
 
     decision = lease.get("decision", {})
     state = "" if lease.get("state", "active") == "active" else f"  state {lease['state']}"
-    print(f"lease {lease['id']}  gpus {','.join(map(str, lease['gpus']))}  level {decision.get('level')}  "
-          f"cost {decision.get('cost')}  satisfaction {decision.get('satisfaction')}{state}")
+    if lease.get("gpus"):
+        print(f"lease {lease['id']}  gpus {','.join(map(str, lease['gpus']))}  level {decision.get('level')}  "
+              f"cost {decision.get('cost')}  satisfaction {decision.get('satisfaction')}{state}")
+    else:  # a lease without GPUs: its CPUs and where they are
+        near = f"  near {decision['near']}" if decision.get("near") else ""
+        print(f"lease {lease['id']}  no GPUs  cpus {format_cpulist(lease.get('cpus', [])) or '-'}  memory nodes "
+              f"{','.join(map(str, lease.get('memory_nodes', []))) or '-'}{near}  level {decision.get('level')}{state}")
     if lease.get("created") is not None:
         expires = local_time(lease.get("expires")) if lease.get("expires") is not None else "never (no ttl)"
         print(f"  created {local_time(lease['created'])}  expires {expires}")
@@ -68,7 +85,7 @@ def run_allocate(args) -> int:
     body = _request_body(args)
     if args.owner_pid:
         body["owner_pid"] = args.owner_pid
-    lease = _client(args).allocate(args.gpus, **body)
+    lease = _client(args).allocate(_gpus(args), **body)
     if args.json:
         print(dumps_indented(lease))
     else:
@@ -120,7 +137,7 @@ def run_leases(args) -> int:
             f"{'EXPIRES':<26}JOB"]
     for lease in leases:
         rows.append(f"{lease['id']:<18}{lease['state']:<12}{lease['owner_uid']:>6}  {lease['priority']:>4}  "
-                    f"{','.join(map(str, lease['gpus'])):<16}{lease['decision'].get('level', ''):<6}"
+                    f"{','.join(map(str, lease['gpus'])) or '-':<16}{lease['decision'].get('level', ''):<6}"
                     f"{local_time(lease.get('created')):<26}{local_time(lease.get('expires')):<26}"
                     f"{lease.get('job') or ''}")
     sys.stdout.write("\n".join(rows) + "\n")
@@ -160,13 +177,21 @@ def run_reload(args) -> int:
     return 0
 
 
-def _gpu_numbers(client, gpus: list[int]) -> tuple[int, ...]:
-    """N of each leased GPU's /dev/nvidiaN: the daemon's device minor, else the index."""
+def _gpu_numbers(client, gpus: list[int]) -> tuple[int | str, ...]:
+    """N of each leased GPU's /dev/nvidiaN: the daemon's device minor, else the index; an
+    AMD GPU's render node path (/dev/dri/renderDN) instead."""
     try:
-        minors = {g["index"]: g.get("minor") for g in client.topology().get("gpus", [])}
+        minors = {g["index"]: _device_of(g) for g in client.topology().get("gpus", [])}
     except Exception:  # noqa: BLE001 - the index is the model's own fallback (Gpu.device_number)
         minors = {}
     return tuple(minors.get(i) if minors.get(i) is not None else i for i in gpus)
+
+
+def _device_of(gpu: dict) -> int | str | None:
+    amd = gpu.get("amd") or {}
+    if amd.get("render_minor") is not None:
+        return f"/dev/dri/renderD{int(amd['render_minor'])}"
+    return gpu.get("minor")
 
 
 def _enclose(client, lease: dict, pid: int, cpus: list[int] | None, nodes: list[int]) -> dict:
@@ -270,7 +295,7 @@ def run_run(args) -> int:
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
-        print("topoctl run: no command given (topoctl run --gpus N -- CMD ...)", file=sys.stderr)
+        print("topoctl run: no command given (topoctl run --gpus N -- CMD ..., or --cpus N)", file=sys.stderr)
         return 2
     journal = None
     if getattr(args, "journal", False):
@@ -288,7 +313,7 @@ def run_run(args) -> int:
     client = _client(args)
     body = _request_body(args)
     body["owner_pid"] = os.getpid()
-    lease = client.allocate(args.gpus, **body)
+    lease = client.allocate(_gpus(args), **body)
     from topod.scope import unit_name
 
     unit = unit_name(lease["id"])

@@ -13,8 +13,26 @@ import argparse
 from topod.cli.option_values import cpus_per_gpu, gpu_names, seconds
 
 
+def _cpu_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of CPUs, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def request_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--gpus", type=int, required=True, help="number of GPUs")
+    p.add_argument("--gpus", type=int, default=None,
+                   help="number of GPUs (required unless --cpus is given; left out with --cpus: 0, a lease "
+                        "without GPUs)")
+    p.add_argument("--cpus", type=_cpu_count, default=None, metavar="N",
+                   help="a lease without GPUs: N logical CPUs, rounded up to whole cores, from one NUMA node "
+                        "(--level any: the nearest nodes too)")
+    p.add_argument("--near", default=None, metavar="DEV",
+                   help="with --cpus: take the CPUs near this device (nvme1, mlx5_0, eth0, a PCI address) or "
+                        "node (node:1); default: the node with the most free CPUs")
     p.add_argument("--level", choices=("best", "good", "any"), default=None,
                    help="topology level to reach (default: the daemon's, good)")
     p.add_argument("--priority", type=int, default=None, help="higher is served first and may preempt")
