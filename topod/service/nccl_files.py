@@ -1,13 +1,24 @@
 """The NCCL topology files the daemon keeps ([export] write_nccl_topology): the host's,
 rewritten when its topology changes, and one per lease restricted to the lease's GPUs
 and CPUs, named in its NCCL_TOPO_FILE and removed when it ends. Writes are blocking: the
-daemon calls them from worker threads."""
+daemon calls them from worker threads.
+
+The host's file ([export] nccl_topology_file, by default NCCL's own
+/var/run/nvidia-topologyd/virtualTopology.xml) belongs to the machine the daemon runs on.
+A daemon on a captured tree (--root other than /: a snapshot, a test fixture, someone
+trying topod out) describes another machine, so it writes that file only where the path
+lies inside its own directories (the state dir or the socket's); anything else is
+skipped, said once in the log (nccl_topology_skipped) and in /v1/health `nccl`. It is not
+re-rooted under --root: a captured tree is input (a corpus, a snapshot), and its var/run
+is commonly a link that would lead back out. The per-lease files are written either way:
+they live in the socket's directory.
+"""
 
 from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import structlog
@@ -16,8 +27,34 @@ from topod.config import Config
 from topod.errors import TopodError
 from topod.host import HostRoot
 from topod.model import Topology
+from topod.record import record
 
 log = structlog.get_logger("topod")
+
+
+@record
+class HostFileTarget:
+    """Where the host's NCCL file goes: `path`, or None with the reason it is not written."""
+
+    path: str | None
+    skipped: str | None = None
+
+
+def captured_root_target(configured: str, resolved: str, own_dirs: Iterable[str]) -> HostFileTarget:
+    """On a captured tree: the path if it lies inside one of the daemon's own directories
+    (`resolved` and `own_dirs` given resolved: absolute, no link, no '..' left in them),
+    else skipped."""
+    dirs = sorted(set(own_dirs))
+    if any(_inside(resolved, directory) for directory in dirs):
+        return HostFileTarget(resolved)
+    return HostFileTarget(None, f"{configured} lies outside the daemon's own directories and its root is a captured "
+                                "tree, not this machine: only a daemon on / writes there; set [export] "
+                                f"nccl_topology_file to a path under {' or '.join(dirs)} to keep a copy (each "
+                                "lease's NCCL_TOPO_FILE is written either way)")
+
+
+def _inside(path: str, directory: str) -> bool:
+    return path != directory and os.path.commonpath([path, directory]) == directory
 
 
 class NcclFiles:
@@ -26,6 +63,7 @@ class NcclFiles:
         self._topology = topology
         self._config = config
         self._said: set[str] = set()  # warnings logged already
+        self._host: dict[str, object] = {"host_file": None, "host_file_skipped": "not decided yet"}
 
     def _enabled(self) -> bool:
         return bool(self._config().get("export", "write_nccl_topology"))
@@ -49,12 +87,37 @@ class NcclFiles:
                 self._said.add(warning.reason)
                 log.warning("nccl_topology_incomplete", path=path, code=warning.code, reason=warning.reason)
 
+    def host_target(self) -> HostFileTarget:
+        """Where write_host writes (blocking: resolves links; call from a worker thread)."""
+        config = self._config()
+        configured = config.get("export", "nccl_topology_file")
+        if self.host.is_live:
+            return HostFileTarget(configured)
+        own = (config.get("daemon", "state_dir"), str(Path(config.get("daemon", "socket")).parent))
+        return captured_root_target(configured, os.path.realpath(configured),
+                                    [os.path.realpath(directory) for directory in own])
+
     def write_host(self) -> None:
         if not self._enabled() or not self._topology().gpus:
             return
-        path = self._config().get("export", "nccl_topology_file")
-        if self._write(path):
-            log.info("nccl_topology_written", path=path)
+        target = self.host_target()
+        if target.path is None:
+            self._host = {"host_file": None, "host_file_skipped": target.skipped}
+            if target.skipped not in self._said:
+                self._said.add(target.skipped)
+                log.warning("nccl_topology_skipped", root=str(self.host.root), reason=target.skipped)
+            return
+        written = self._write(target.path)
+        self._host = {"host_file": target.path, "host_file_skipped": None if written else "write failed (see the log)"}
+        if written:
+            log.info("nccl_topology_written", path=target.path)
+
+    def health(self) -> dict[str, object]:
+        """/v1/health `nccl`: where the host's file goes, or why it is not written (as of the
+        last export), and where each lease's file lives."""
+        if not self._enabled():
+            return {"enabled": False}
+        return {"enabled": True, **self._host, "lease_files": str(self.lease_root())}
 
     def lease_root(self) -> Path:
         """Per-lease files live beside the socket (`<socket dir>/nccl`), not in the 0700
