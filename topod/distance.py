@@ -7,6 +7,8 @@ Levels follow `nvidia-smi topo -m`, best first:
         only (`gpu_to_node`), never between two PCI devices
   NV#   # direct NVLink links between two GPUs
   NVS   both GPUs in one NVSwitch island (all-to-all; # = the fewer per-GPU links)
+  XGMI  AMD GPUs joined by xGMI links (an MI300-class hive is all-to-all, one link a pair,
+        as NVSwitch is for NVIDIA); weighed as NVLink of the same bandwidth
   PIX   through at most one PCIe switch
   PXB   through several PCIe switches, without the host bridge
   PHB   through the PCIe host bridge (same root complex)
@@ -28,6 +30,7 @@ NVLINK_SCALE = 10.0  # NV# weight = NVLINK_SCALE / (links + 1): NV1 = 5, NV4 = 2
 SLIT_REMOTE = 20  # SLIT distance at which SYS costs exactly BASE_WEIGHTS["SYS"]
 NVLINK_GBPS_PER_LINK = 25.0  # the unit C2C bandwidth is counted in (as NVLink links)
 C2C_DEFAULT_GBPS = 450.0  # one direction, GH200/GB200 datasheets, when no figure is known
+XGMI_GBPS_PER_LINK = 64.0  # one MI300X xGMI link (x16, 32 Gb/s per lane), one direction
 
 
 def c2c_weight(gbps: float | None) -> float:
@@ -37,6 +40,11 @@ def c2c_weight(gbps: float | None) -> float:
 
 def nvlink_weight(links: int) -> float:
     return NVLINK_SCALE / (links + 1)
+
+
+def xgmi_weight(links: int) -> float:
+    """xGMI weighs like NVLink of the same bandwidth: one MI300X link = 2 NVLink4 links -> 3.3."""
+    return nvlink_weight(max(1, int(links * XGMI_GBPS_PER_LINK / NVLINK_GBPS_PER_LINK)))
 
 
 def sys_weight(slit: int | None) -> float:
@@ -56,7 +64,7 @@ class Distance:
     def label(self) -> str:
         if self.level in ("NV", "NVS"):
             return f"{self.level}{self.links}"
-        return self.level
+        return self.level  # XGMI as rocm-smi --showtopo names the link type
 
     @property
     def local(self) -> bool:
@@ -134,6 +142,9 @@ class DistanceModel:
 
     def _nvlink(self, a: int, b: int) -> Distance | None:
         fabric = self.topology.nvlink
+        xgmi = fabric.xgmi_between(a, b) if fabric.xgmi else 0
+        if xgmi:
+            return Distance("XGMI", xgmi_weight(xgmi), links=xgmi)
         direct = fabric.links_between(a, b)
         island = fabric.island_of(a)
         via_switch = 0

@@ -253,6 +253,17 @@ class Gpu:
     c2c: C2cLink | None = None  # NVLink-C2C to its CPU node
     fabric: GpuFabric | None = None  # multi-node NVLink (NVL72-class) membership
     minor: int | None = None  # device minor (N of /dev/nvidiaN): the driver's, else NVML's; None unknown
+    vendor: str | None = None  # nvidia | amd | intel | the PCI vendor id in hex
+    model: str | None = None  # marketing name: NVML's, AMD's device id table, else the PCI id
+    amd: AmdGpu | None = None  # what amdgpu's KFD topology and sysfs say (AMD GPUs only)
+
+    @property
+    def device_files(self) -> tuple[str, ...]:
+        """The device nodes a job opens to use this GPU (the shared control nodes aside:
+        /dev/nvidiactl and friends, /dev/kfd): /dev/nvidiaN, or an AMD GPU's render node."""
+        if self.amd is not None and self.amd.render_minor is not None:
+            return (self.amd.render_node,)
+        return (self.device_file,)
 
     @property
     def device_number(self) -> int:
@@ -272,6 +283,8 @@ class Gpu:
             "name": self.name,
             "memory_total_mib": self.memory_total_mib,
             "compute_capability": list(self.compute_capability) if self.compute_capability else None,
+            "vendor": self.vendor,
+            "model": self.model,
             "numa_node": self.numa_node,
             "source": self.source,
             "memory_numa_node": self.memory_numa_node,
@@ -287,7 +300,50 @@ class Gpu:
                 }
                 for link in self.nvlinks
             ],
+            **({"amd": self.amd.to_json()} if self.amd is not None else {}),
         }
+
+
+@record
+class AmdGpu:
+    """An AMD GPU as amdgpu's KFD topology and PCI attributes give it."""
+
+    kfd_nodes: tuple[int, ...]  # its KFD node numbers: one per compute partition
+    gpu_id: int | None  # KFD's gpu_id of its first node
+    unique_id: int | None  # 64-bit, what ROCr's GPU-<hex> names
+    hive_id: int | None  # xGMI hive (0 or None: in no hive)
+    render_minor: int | None  # N of /dev/dri/renderDN (its first partition's)
+    card: int | None  # N of /dev/dri/cardN, from its PCI function's drm/ children
+    gfx_target_version: int | None = None  # e.g. 90402 = gfx942
+    compute_partition: str | None = None  # SPX | DPX | QPX | CPX
+    memory_partition: str | None = None  # NPS1 | NPS2 | NPS4
+    render_minors: tuple[int, ...] = ()  # every partition's render minor, first partition first
+
+    @property
+    def rocr_uuid(self) -> str | None:
+        """What ROCR_VISIBLE_DEVICES and rocminfo call it: GPU-<unique_id as 16 hex digits>."""
+        return None if not self.unique_id else f"GPU-{self.unique_id:016x}"
+
+    @property
+    def render_node(self) -> str:
+        return f"/dev/dri/renderD{self.render_minor}"
+
+    @property
+    def gfx_target(self) -> str | None:
+        """90402 -> 'gfx942' (major, minor, stepping: stepping in hex, as LLVM spells it)."""
+        version = self.gfx_target_version
+        if not version:
+            return None
+        return f"gfx{version // 10000}{(version // 100) % 100}{version % 100:x}"
+
+    def to_json(self) -> dict[str, object]:
+        return {"kfd_nodes": list(self.kfd_nodes), "gpu_id": self.gpu_id,
+                "unique_id": None if self.unique_id is None else f"0x{self.unique_id:016x}",
+                "rocr_uuid": self.rocr_uuid,
+                "hive_id": None if not self.hive_id else f"0x{self.hive_id:016x}",
+                "render_minor": self.render_minor, "render_minors": list(self.render_minors), "card": self.card,
+                "gfx_target": self.gfx_target, "compute_partition": self.compute_partition,
+                "memory_partition": self.memory_partition}
 
 
 @record
@@ -323,9 +379,20 @@ class NvlinkFabric:
     islands: tuple[tuple[int, ...], ...] = ()  # GPU indices all-to-all through NVSwitch
     island_links: dict[int, int] = field(default_factory=dict)  # GPU index -> links to switches
     source: str = "none"  # nvml-live | nvml-file | none
+    xgmi: dict[tuple[int, int], int] = field(default_factory=dict)  # (i<j) -> AMD xGMI links (KFD io_links)
+    hives: tuple[tuple[int, ...], ...] = ()  # GPU indices of each xGMI hive
 
     def links_between(self, a: int, b: int) -> int:
         return self.pairs.get((min(a, b), max(a, b)), 0)
+
+    def xgmi_between(self, a: int, b: int) -> int:
+        return self.xgmi.get((min(a, b), max(a, b)), 0)
+
+    def hive_of(self, gpu: int) -> tuple[int, ...] | None:
+        for hive in self.hives:
+            if gpu in hive:
+                return hive
+        return None
 
     def island_of(self, gpu: int) -> tuple[int, ...] | None:
         for island in self.islands:
@@ -341,6 +408,8 @@ class NvlinkFabric:
                 {"gpus": list(island), "links_per_gpu": {str(g): self.island_links.get(g, 0) for g in island}}
                 for island in self.islands
             ],
+            **({"xgmi": [{"gpus": [a, b], "links": n} for (a, b), n in sorted(self.xgmi.items())],
+                "xgmi_hives": [list(hive) for hive in self.hives]} if self.xgmi or self.hives else {}),
         }
 
 

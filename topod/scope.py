@@ -33,6 +33,7 @@ SCOPE_PREFIX = "topod-lease-"
 SCOPE_SLICE = "topod.slice"
 CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")  # under /dev, when present
 CAPS_DIR = "nvidia-caps"  # /dev/nvidia-caps/*: MIG and other capability nodes
+AMD_CONTROL_NODES = ("kfd",)  # /dev/kfd: every ROCm process opens it, beside its GPUs' render nodes
 DEVICE_ACCESS = "rw"
 SYSTEMD = "org.freedesktop.systemd1"
 MANAGER_PATH = "/org/freedesktop/systemd1"
@@ -101,16 +102,21 @@ def bitmask(ids: Iterable[int]) -> bytes:
 
 
 def control_nodes(host: HostRoot) -> list[str]:
-    """The NVIDIA control nodes this host has, as /dev paths: nvidiactl, nvidia-uvm,
-    nvidia-uvm-tools, nvidia-caps/* (read through the host root; absent ones are left out)."""
+    """The GPU control nodes this host has, as /dev paths: nvidiactl, nvidia-uvm,
+    nvidia-uvm-tools, nvidia-caps/*, and AMD's /dev/kfd (read through the host root; absent
+    ones are left out)."""
     nodes = [f"/dev/{name}" for name in CONTROL_NODES if host.exists(f"dev/{name}")]
     nodes += [f"/dev/{CAPS_DIR}/{name}" for name in host.listdir(f"dev/{CAPS_DIR}")]
+    nodes += [f"/dev/{name}" for name in AMD_CONTROL_NODES if host.exists(f"dev/{name}")]
     return nodes
 
 
-def device_allow(gpu_numbers: Iterable[int], controls: Sequence[str]) -> list[tuple[str, str]]:
-    """DeviceAllow= entries (a(ss)): each leased GPU's /dev/nvidiaN, then the control nodes."""
-    gpus = [f"/dev/nvidia{n}" for n in sorted(set(gpu_numbers))]
+def device_allow(gpu_numbers: Iterable[int | str], controls: Sequence[str]) -> list[tuple[str, str]]:
+    """DeviceAllow= entries (a(ss)): each leased GPU's /dev/nvidiaN (a number) or device
+    node (a path: an AMD GPU's /dev/dri/renderDN), then the control nodes."""
+    given = set(gpu_numbers)
+    numbers = sorted(n for n in given if isinstance(n, int))
+    gpus = [f"/dev/nvidia{n}" for n in numbers] + sorted(str(p) for p in given if not isinstance(p, int))
     return [(path, DEVICE_ACCESS) for path in gpus + [c for c in controls if c not in gpus]]
 
 
@@ -120,7 +126,7 @@ class ScopeSpec:
     pid: int
     cpus: tuple[int, ...]
     memory_nodes: tuple[int, ...]
-    gpu_numbers: tuple[int, ...]  # N of each leased /dev/nvidiaN
+    gpu_numbers: tuple[int | str, ...]  # N of each leased /dev/nvidiaN, or the GPU's device path
     controls: tuple[str, ...]  # control node paths present on this host
     job: str | None = None
 

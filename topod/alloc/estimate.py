@@ -4,6 +4,7 @@ How it is computed (the README copies this):
 
 1. Each GPU pair gets a nominal one-direction bandwidth from its distance level:
    NV# / NVS#: # links x 25 GB/s (NVLink 3/4 per-link rate);
+   XGMI: # links x 64 GB/s (an MI300X xGMI link);
    PIX and PXB: the PCIe rate of the slower GPU link (GT/s x width x 128/130 / 8);
    PHB: 0.9 x that; NODE: 0.8 x that (two root complexes inside one socket);
    SYS: 0.33 x that x 20/SLIT (the seed: cross-socket copies get < 1/3 of the bandwidth).
@@ -22,7 +23,8 @@ How it is computed (the README copies this):
 
 from __future__ import annotations
 
-from topod.distance import BASE_WEIGHTS, SLIT_REMOTE, Distance, nvlink_weight, sys_weight
+from topod.distance import (BASE_WEIGHTS, SLIT_REMOTE, XGMI_GBPS_PER_LINK, Distance, nvlink_weight, sys_weight,
+                            xgmi_weight)
 from topod.model import PciDevice, gts
 
 NVLINK_GBPS_PER_LINK = 25.0
@@ -47,6 +49,9 @@ def pair_bandwidth(distance: Distance, link_a: float | None, link_b: float | Non
     if distance.level in ("NV", "NVS"):
         nominal = distance.links * NVLINK_GBPS_PER_LINK
         base_weight = nvlink_weight(distance.links)
+    elif distance.level == "XGMI":
+        nominal = distance.links * XGMI_GBPS_PER_LINK
+        base_weight = xgmi_weight(distance.links)
     else:
         known = [rate for rate in (link_a, link_b) if rate is not None]
         pcie = min(known) if known else FALLBACK_PCIE_GBPS

@@ -193,6 +193,9 @@ def _raw_groups(topology: Topology, gpu: Gpu, node: int) -> tuple[tuple[str, obj
     island = topology.nvlink.island_of(gpu.index)
     if island:
         keys.append(("island", island))
+    hive = topology.nvlink.hive_of(gpu.index) if topology.nvlink.hives else None
+    if hive:
+        keys.append(("hive", hive))  # an xGMI hive is all-to-all, as an NVSwitch island
     return tuple(keys)
 
 

@@ -134,6 +134,10 @@ def _matrix(topology: Topology, model: DistanceModel) -> list[str]:
     for island in topology.nvlink.islands:
         lines.append(f"         GPUs {format_cpulist(island)} are one NVSwitch island (all-to-all): "
                      "there # is the NVLinks per GPU, the fewer of the pair")
+    if topology.nvlink.xgmi:
+        lines.append("  XGMI = Connection traversing AMD xGMI links (as rocm-smi --showtopo names the link type)")
+    for hive in topology.nvlink.hives:
+        lines.append(f"         GPUs {format_cpulist(hive)} are one xGMI hive")
     nics = [(label, devices[address]) for label, address in rows if label.startswith("NIC") and address in devices]
     if nics:
         lines += ["", "NIC Legend:", ""]

@@ -97,7 +97,10 @@ def assign_minors(
 
 
 def with_minors(host: HostRoot, gpus: list[Gpu], nvml: Mapping[str, int], notes: Notes) -> list[Gpu]:
-    """assign_minors with the driver's files read from host (no GPUs: nothing read)."""
-    if not gpus:
+    """assign_minors with the driver's files read from host (no GPUs: nothing read). AMD
+    GPUs have no /dev/nvidiaN and are left as they are (their render node is KFD's)."""
+    nvidia = [gpu for gpu in gpus if gpu.vendor != "amd"]
+    if not nvidia:
         return gpus
-    return assign_minors(gpus, read_driver_minors(host, notes), nvml, notes)
+    assigned = {gpu.index: gpu for gpu in assign_minors(nvidia, read_driver_minors(host, notes), nvml, notes)}
+    return [assigned.get(gpu.index, gpu) for gpu in gpus]

@@ -43,23 +43,43 @@ def classify(vendor: int | None, class_code: int | None, has_infiniband: bool) -
 
 
 def switch_upstream_ports(functions: list[RawFunction]) -> set[str]:
-    """Bridges that are the upstream port of a PCIe switch: a bridge below another bridge
-    (so not a root port) with at least one bridge below it."""
-    by_address = {f.address: f for f in functions}
+    """Bridges that are the upstream port of a PCIe switch (or of a device's own bridge
+    pair): a bridge below a bridge that is not itself a switch's downstream port, with at
+    least one bridge below it. A downstream port with a bridge below it (the next switch,
+    or a device's own bridge pair) is the same hop as its switch, never a switch itself."""
     parent_of = {f.address: (f.ancestors[-1] if f.ancestors else None) for f in functions}
-    bridge_children: dict[str, int] = {}
-    for f in functions:
+    bridges = {f.address for f in functions if _is_pci_bridge(f)}
+    has_bridge_child = {parent_of[a] for a in bridges if parent_of[a] is not None}
+    ports: set[str] = set()
+    # Parents before children: whether a bridge's parent is an upstream port is known.
+    for f in sorted((f for f in functions if f.address in bridges), key=lambda f: len(f.ancestors)):
         parent = parent_of[f.address]
-        if parent is not None and _is_pci_bridge(f):
-            bridge_children[parent] = bridge_children.get(parent, 0) + 1
-    ports = set()
-    for address, count in bridge_children.items():
-        bridge = by_address.get(address)
-        if bridge is None or not _is_pci_bridge(bridge):
-            continue
-        if parent_of.get(address) is not None and count >= 1:
-            ports.add(address)
+        if parent is None or parent not in bridges or parent in ports:
+            continue  # a root port, or a switch's downstream port
+        if f.address in has_bridge_child:
+            ports.add(f.address)
     return ports
+
+
+def device_bridge_ports(functions: list[RawFunction], upstream_ports: set[str]) -> set[str]:
+    """Upstream ports that are a device's own bridge pair, not a switch: one downstream
+    port, below which sit only the functions of one device (one bus and slot), as on
+    MI300-class GPUs (1002:14a0 -> 1002:14a1 -> the GPU). They are a hop of the path
+    (nvidia-smi counts their bridges) but name no PCIe switch."""
+    children: dict[str, list[RawFunction]] = {}
+    for f in functions:
+        if f.ancestors:
+            children.setdefault(f.ancestors[-1], []).append(f)
+    own: set[str] = set()
+    for port in upstream_ports:
+        below = children.get(port, [])
+        if len(below) != 1 or not _is_pci_bridge(below[0]):
+            continue
+        leaves = children.get(below[0].address, [])
+        slots = {leaf.address.rsplit(".", 1)[0] for leaf in leaves}
+        if leaves and len(slots) == 1 and not any(_is_pci_bridge(leaf) for leaf in leaves):
+            own.add(port)
+    return own
 
 
 def _is_pci_bridge(f: RawFunction) -> bool:
@@ -137,6 +157,7 @@ def build_pci_devices(
     functions: list[RawFunction], nodes: list[NumaNode], online: set[int], notes: Notes
 ) -> list[PciDevice]:
     upstream_ports = switch_upstream_ports(functions)
+    switches = upstream_ports - device_bridge_ports(functions, upstream_ports)
     localities: dict[str, Locality] = {}
     devices: list[PciDevice] = []
     # Parents come before children when sorted by path depth.
@@ -145,8 +166,8 @@ def build_pci_devices(
         locality = resolve_locality(function, localities.get(parent) if parent else None, nodes, online, notes)
         localities[function.address] = locality
         chain = collapse_chain(function.ancestors, upstream_ports)
-        switch = next((a for a in reversed(function.ancestors) if a in upstream_ports), None)
-        if function.address in upstream_ports:
+        switch = next((a for a in reversed(function.ancestors) if a in switches), None)
+        if function.address in switches:
             switch = function.address
         root_port = function.ancestors[0] if function.ancestors else (
             function.address if _is_pci_bridge(function) else None

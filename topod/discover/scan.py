@@ -5,7 +5,9 @@ from __future__ import annotations
 from topod.discover.cpus import read_cpu_facts, read_cpus
 from topod.discover.gpumemory import link_gpu_memory
 from topod.discover.gpuminor import with_minors
+from topod.discover.gpunames import gpu_vendor, pci_model
 from topod.discover.identity import read_hostname
+from topod.discover.kfd import AmdFacts, amd_gpus, group_gpu_nodes, read_amdsmi, read_kfd_nodes, read_pci_attributes
 from topod.discover.memo import DiscoveryMemo
 from topod.discover.memory import apply_memory_facts
 from topod.discover.notes import Notes
@@ -16,6 +18,7 @@ from topod.discover.pcitree import build_pci_devices
 from topod.errors import NotAHostTreeError
 from topod.host import HostRoot, ReadProblem
 from topod.model import Gpu, NumaNode, PciDevice, Topology
+from topod.record import replace
 
 
 def discover(host: HostRoot, *, live_nvml: bool = True, memo: DiscoveryMemo | None = None) -> Topology:
@@ -54,9 +57,16 @@ def _discover(host: HostRoot, notes: Notes, problems: list[ReadProblem], live_nv
     devices = build_pci_devices(read_functions(host, notes, memo), nodes, facts.online, notes)
     has_nvidia = any(d.vendor == 0x10DE for d in devices)
     report = read_nvml(host, notes, allow_live=live_nvml, expect_gpus=has_nvidia)
-    gpus, nodes = link_gpu_memory(build_gpus(devices, report, notes), report, nodes, notes)
+    kfd_nodes = read_kfd_nodes(host, notes)
+    kfd_addresses = set(group_gpu_nodes(kfd_nodes, Notes())) if kfd_nodes else set()
+    others = [d for d in devices if d.address not in kfd_addresses]  # NVML's, or PCI order
+    gpus, nodes = link_gpu_memory(build_gpus(others, report, notes), report, nodes, notes)
     gpus = with_minors(host, gpus, nvml_minors(report), notes)
     fabric = build_fabric(report, {gpu.address: gpu.index for gpu in gpus})
+    if kfd_nodes:
+        amd = _amd_gpus(host, kfd_nodes, devices, nodes, len(gpus), live_nvml, notes)
+        gpus = gpus + amd.gpus
+        fabric = replace(fabric, xgmi=amd.xgmi, hives=amd.hives)
     notes.add_read_problems(problems)
     return Topology(
         root=host.root_text,
@@ -69,6 +79,17 @@ def _discover(host: HostRoot, notes: Notes, problems: list[ReadProblem], live_nv
         driver_version=report.driver_version if report else None,
         hostname=read_hostname(host),
     )
+
+
+def _amd_gpus(host: HostRoot, kfd_nodes: list, devices: list[PciDevice], nodes: list[NumaNode],
+              first_index: int, live: bool, notes: Notes) -> AmdFacts:
+    """The KFD GPUs after NVML's (or the PCI-order ones), with amdgpu's PCI attributes."""
+    by_address = {device.address: device for device in devices}
+    addresses = group_gpu_nodes(kfd_nodes, notes)
+    attributes = {address: read_pci_attributes(host, address, by_address[address].names)
+                  for address in addresses if address in by_address}
+    extras = read_amdsmi(host, notes) if live else {}
+    return amd_gpus(kfd_nodes, devices, nodes, attributes, extras, first_index, notes)
 
 
 def _node_of_cpu(nodes: list[NumaNode]) -> dict[int, int]:
@@ -104,6 +125,8 @@ def build_gpus(devices: list[PciDevice], report: NvmlReport | None, notes: Notes
                     numa_node=device.numa_node if device else None,
                     nvlinks=entry.nvlinks,
                     source=report.source,
+                    vendor="nvidia",
+                    model=entry.name or (pci_model(device.vendor, device.device) if device else None),
                 )
             )
         return gpus
@@ -116,6 +139,7 @@ def build_gpus(devices: list[PciDevice], report: NvmlReport | None, notes: Notes
         )
     return [
         Gpu(index=i, address=d.address, uuid=None, name=None, memory_total_mib=None,
-            compute_capability=None, numa_node=d.numa_node, source="sysfs")
+            compute_capability=None, numa_node=d.numa_node, source="sysfs",
+            vendor=gpu_vendor(d.vendor), model=pci_model(d.vendor, d.device))
         for i, d in enumerate(pci_gpus)
     ]

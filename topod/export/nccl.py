@@ -209,13 +209,31 @@ class _Context:
 
     def _gpu_element(self, gpu: Gpu) -> Element:
         attrs = [("dev", str(gpu.index))]
+        if gpu.amd is not None and gpu.amd.gfx_target_version:
+            version = gpu.amd.gfx_target_version  # RCCL's sm is gfx major*10 + minor, gcn the target
+            attrs += [("sm", str(version // 10000 * 10 + version // 100 % 100)), ("gcn", gpu.amd.gfx_target or "")]
         if gpu.compute_capability is not None:
             major, minor = gpu.compute_capability
             attrs.append(("sm", str(major * 10 + minor)))
         attrs.append(("rank", str(self.gpus.index(gpu))))  # NCCL replaces it with the comm rank
         if self.gdr is not None:
             attrs.append(("gdr", "1" if self.gdr else "0"))
-        return Element("gpu", attrs, self._nvlinks(gpu))
+        return Element("gpu", attrs, self._nvlinks(gpu) + self._xgmi(gpu))
+
+    def _xgmi(self, gpu: Gpu) -> list[Element]:
+        """RCCL's <xgmi target=... count=... tclass=.../>: one per chosen peer it has links to."""
+        fabric = self.topology.nvlink
+        if not fabric.xgmi:
+            return []
+        elements = []
+        for peer in sorted(self.gpus, key=lambda g: g.address):
+            count = fabric.xgmi_between(gpu.index, peer.index) if peer.index != gpu.index else 0
+            if count:
+                remote = self.topology.device(peer.address)
+                tclass = f"0x{remote.class_code:06x}" if remote and remote.class_code is not None else "0x120000"
+                elements.append(Element("xgmi", [("target", peer.address.lower()), ("count", str(count)),
+                                                 ("tclass", tclass)]))
+        return elements
 
     def _nvlinks(self, gpu: Gpu) -> list[Element]:
         chosen = {g.address for g in self.gpus}

@@ -17,6 +17,10 @@ minor number), which the driver need not give in NVML index order; with AutoDete
 wrong File= makes Slurm fence one GPU and hand out another. A GPU whose minor is unknown
 falls back to its index, and the file says so in a comment (discovery warns
 `gpu_minor_unknown`).
+
+AMD GPUs are written as Slurm's gpu/rsmi plugin writes them: File= their render node
+(/dev/dri/renderD<KFD's drm_render_minor>), Type= the model lowercased; Links= counts their
+xGMI links, which that plugin leaves empty.
 """
 
 from __future__ import annotations
@@ -91,21 +95,27 @@ def gres_lines(
         links = tuple(-1 if other.index == gpu.index else _links(model, gpu, other) for other in gpus)
         lines.append(
             GresLine(
-                file=f"{device_dir.rstrip('/')}/nvidia{gpu.device_number}",
-                type=gpu_type(gpu.name),
+                file=_device_file(device_dir, gpu),
+                type=gpu_type(gpu.model if gpu.amd is not None else gpu.name),
                 cores=_near_cores(topology, gpu, core_of),
                 links=links,
                 node_name=node_name,
                 index=gpu.index,
-                minor_known=gpu.minor is not None,
+                minor_known=gpu.minor is not None or gpu.amd is not None,
             )
         )
     return tuple(lines)
 
 
+def _device_file(device_dir: str, gpu: Gpu) -> str:
+    if gpu.amd is not None and gpu.amd.render_minor is not None:
+        return f"{device_dir.rstrip('/')}/dri/renderD{gpu.amd.render_minor}"
+    return f"{device_dir.rstrip('/')}/nvidia{gpu.device_number}"
+
+
 def _links(model: DistanceModel, a: Gpu, b: Gpu) -> int:
     distance = model.gpus(a.index, b.index)
-    return distance.links if distance.level in ("NV", "NVS") else 0
+    return distance.links if distance.level in ("NV", "NVS", "XGMI") else 0
 
 
 def _near_cores(topology: Topology, gpu: Gpu, core_of: dict[int, int]) -> tuple[int, ...]:
@@ -138,6 +148,8 @@ def render_gres_conf(
         "# gres.conf written by topod (topoctl export slurm-gres); Cores= are Slurm logical core",
         "# indices, Links= NVLink counts (NVSwitch included) in the order of these lines.",
     ]
+    if any(gpu.amd is not None for gpu in topology.gpus):
+        out.append("# AMD GPUs: File= their render node (KFD's drm_render_minor), Links= their xGMI links")
     if not lines:
         out.append("# this host has no GPUs topod can see")
         return "\n".join(out) + "\n"

@@ -17,7 +17,8 @@ from topod.cpulist import format_cpulist
 from topod.errors import ConfigError
 from topod.hostspec.cpus import CpuLayout, layout_from_spec, write_cpu_tree
 from topod.hostspec.memnodes import gpu_memory_nodes, write_memory_nodes
-from topod.hostspec.pci import Function, PciBuilder, irq_names
+from topod.hostspec.kfd import write_kfd_tree
+from topod.hostspec.pci import AMD_VENDOR, Function, PciBuilder, irq_names
 
 SPEC_PACKAGE = "topod.hostspec"
 PORT_STATE_NUMBERS = {"NOP": 0, "DOWN": 1, "INIT": 2, "ARMED": 3, "ACTIVE": 4, "ACTIVE_DEFER": 5}
@@ -79,7 +80,9 @@ def build_host(spec: dict, root: str | os.PathLike[str]) -> Path:
     for function in pci.functions:
         _write_function(write, function, layout)
     _write_proc(write, layout, pci.functions, spec)
-    gpus = [f for f in pci.functions if f.kind == "gpu"]
+    amd_gpus = [f for f in pci.functions if f.kind == "gpu" and f.vendor == AMD_VENDOR]
+    write_kfd_tree(write, write.link, spec, amd_gpus, node_cpus, layout.distances)
+    gpus = [f for f in pci.functions if f.kind == "gpu" and f.vendor != AMD_VENDOR]  # NVML's
     minors = gpu_minors(spec, len(gpus))
     write_gpu_driver_files(write, spec, gpus, minors)
     write_hugepages(write, spec, len(layout.distances))

@@ -13,13 +13,21 @@ KIND_DEFAULTS: dict[str, tuple[int, int, int, str | None, int]] = {
     "nvme": (0x144D, 0xA80A, 0x010802, "nvme", 8),
     "other": (0x1A03, 0x2000, 0x030000, "ast", 0),
     "amd-gpu": (0x1002, 0x740C, 0x038000, "amdgpu", 1),
+    "instinct": (0x1002, 0x74A1, 0x120000, "amdgpu", 1),  # MI300X OAM: a processing accelerator
     "virtio-net": (0x1AF4, 0x1041, 0x020000, "virtio-pci", 0),
     "virtio-blk": (0x1AF4, 0x1042, 0x010000, "virtio-pci", 0),
     "ahci": (0x8086, 0x2922, 0x010601, "ahci", 0),
 }
 BRIDGE = (0x8086, 0x352A, 0x060400, "pcieport")
+AMD_VENDOR = 0x1002
 SWITCH_PORT = (0x1000, 0xC030, 0x060400, "pcieport")  # a Broadcom PEX Gen5 switch
 SPEEDS = {3: "8.0 GT/s PCIe", 4: "16.0 GT/s PCIe", 5: "32.0 GT/s PCIe"}
+# MI300-class parts sit behind their own bridge pair (an upstream and a downstream port of
+# the package, lspci's 1002:14a0 / 1002:14a1) wherever they are plugged.
+INTERNAL_BRIDGES: dict[str, tuple[tuple[int, int, int, str], tuple[int, int, int, str]]] = {
+    "instinct": ((0x1002, 0x14A0, 0x060400, "pcieport"), (0x1002, 0x14A1, 0x060400, "pcieport")),
+}
+AMD_KINDS = ("amd-gpu", "instinct")
 
 
 @dataclass(slots=True)
@@ -43,6 +51,7 @@ class Function:
     irqs: list[int] = field(default_factory=list)
     port_states: list[str] = field(default_factory=list)  # RDMA: one per port, e.g. ["ACTIVE"]
     link_layer: str = "InfiniBand"  # RDMA: InfiniBand | Ethernet (RoCE)
+    home_node: int | None = None  # the node it truly sits on, whatever firmware says (KFD's io_link)
 
 
 @dataclass(slots=True)
@@ -76,7 +85,7 @@ class PciBuilder:
         firmware_node = int(spec.get("firmware_numa_node", node))
         local = list(self.node_cpus.get(node, [])) if spec.get("local_cpus", True) else []
         rc = f"pci{domain:04x}:{bus:02x}"
-        ctx = _Context(self, domain, firmware_node, local, spec.get("gen", self.default_gen))
+        ctx = _Context(self, domain, firmware_node, local, spec.get("gen", self.default_gen), node)
         next_bus = [bus + 1]
         port = [1]
 
@@ -92,9 +101,7 @@ class PciBuilder:
             ctx.switch(switch, path, next_bus)
         for device in spec.get("devices", []):
             _, path = root_port()
-            sub_bus = next_bus[0]
-            next_bus[0] += 1
-            ctx.endpoint(device, path, sub_bus)
+            ctx.endpoint(device, path, next_bus)
         self.root_contexts[index] = ctx
         for device in spec.get("root_bus_devices", []):
             address = f"{domain:04x}:{bus:02x}:{port[0]:02x}.0"
@@ -109,6 +116,7 @@ class _Context:
     numa_node: int
     local_cpus: list[int]
     gen: int
+    home_node: int | None = None
 
     def bridge(self, address: str, path: str, ids: tuple[int, int, int, str]) -> None:
         speed = SPEEDS[self.gen]
@@ -131,9 +139,7 @@ class _Context:
             slot += 1
             down_path = f"{up_path}/{downstream}"
             self.bridge(downstream, down_path, SWITCH_PORT)
-            sub_bus = next_bus[0]
-            next_bus[0] += 1
-            self.endpoint(device, down_path, sub_bus)
+            self.endpoint(device, down_path, next_bus)
         for child in spec.get("switches", []):
             downstream = f"{self.domain:04x}:{down_bus:02x}:{slot:02x}.0"
             slot += 1
@@ -141,8 +147,16 @@ class _Context:
             self.bridge(downstream, down_path, SWITCH_PORT)
             self.switch(child, down_path, next_bus)
 
-    def endpoint(self, device: str | dict, parent_path: str, bus: int) -> None:
-        address = f"{self.domain:04x}:{bus:02x}:00.0"
+    def endpoint(self, device: str | dict, parent_path: str, next_bus: list[int]) -> None:
+        """The device on the next free bus; a part with its own bridge pair takes two more."""
+        kind = device if isinstance(device, str) else str(device["kind"])
+        for ids in INTERNAL_BRIDGES.get(kind, ()):
+            address = f"{self.domain:04x}:{next_bus[0]:02x}:00.0"
+            next_bus[0] += 1
+            parent_path = f"{parent_path}/{address}"
+            self.bridge(address, parent_path, ids)
+        address = f"{self.domain:04x}:{next_bus[0]:02x}:00.0"
+        next_bus[0] += 1
         self.endpoint_at(device, f"{parent_path}/{address}", address)
 
     def endpoint_at(self, device: str | dict, path: str, address: str) -> None:
@@ -150,7 +164,7 @@ class _Context:
         kind = spec["kind"]
         vendor, dev_id, class_code, driver, queues = KIND_DEFAULTS[kind]
         speed = SPEEDS[int(spec.get("gen", self.gen))]
-        width = int(spec.get("width", 16 if kind in ("gpu", "rdma", "amd-gpu") else 4))
+        width = int(spec.get("width", 16 if kind in ("gpu", "rdma", *AMD_KINDS) else 4))
         function = Function(
             address=address,
             path=path,
@@ -164,9 +178,10 @@ class _Context:
             width=int(spec.get("trained_width", width)),
             max_speed=speed,
             max_width=width,
-            kind="gpu" if kind == "amd-gpu" else kind,
+            kind="gpu" if kind in AMD_KINDS else kind,
             queues=int(spec.get("queues", queues)),
             name=spec.get("name"),
+            home_node=self.home_node if self.home_node is not None else self.numa_node,
         )
         if function.kind == "rdma":
             # ports = N (all ACTIVE) or port_state = "DOWN" / ["ACTIVE", "DOWN"]: one per port
@@ -184,6 +199,11 @@ class _Context:
             function.names = {"net": f"ens{number}f0"}
         elif function.kind == "nvme":
             function.names = {"nvme": f"nvme{number}"}
+        elif function.kind == "gpu" and function.vendor == AMD_VENDOR:
+            # amdgpu makes 8 DRM minors per MI300-class GPU (the rest belong to its
+            # amdgpu_xcp partition devices): its own card steps by 8 (render nodes:
+            # topod.hostspec.kfd).
+            function.names = {"drm": f"card{1 + 8 * number}"}
         elif function.kind == "gpu":
             function.names = {"drm": f"card{number + 1}"}
         elif function.kind in ("virtio-net", "virtio-blk"):

@@ -325,10 +325,12 @@ class Daemon(DaemonReports, DaemonLoops):
             section["mode"] = "dry-run"
         return section
 
-    def _gpu_numbers(self, lease) -> tuple[int, ...]:
-        """N of each leased GPU's /dev/nvidiaN in the current topology (the index when gone)."""
+    def _gpu_numbers(self, lease) -> tuple[int | str, ...]:
+        """N of each leased GPU's /dev/nvidiaN in the current topology (the index when gone);
+        an AMD GPU's render node path instead (topod.scope.device_allow takes both)."""
         gpus = {gpu.index: gpu for gpu in self.state.topology.gpus}
-        return tuple(gpus[i].device_number if i in gpus else i for i in lease.gpus)
+        return tuple((gpus[i].device_files[0] if gpus[i].amd is not None else gpus[i].device_number)
+                     if i in gpus else i for i in lease.gpus)
 
     def stop(self) -> None:
         self._stop.set()
