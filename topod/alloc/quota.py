@@ -71,7 +71,7 @@ def quota_refusal(quotas: GpuQuotas, uid: int, gid: int, asked: int,
     """The refusal of `asked` more GPUs for a caller (uid, gid) holding what `holdings`
     says, or None when every cap allows it. Of several caps passed, one the request alone
     exceeds wins (not retryable), then the per-uid cap, then groups by name."""
-    if quotas.unlimited or uid == EXEMPT_UID:
+    if quotas.unlimited or uid == EXEMPT_UID or asked <= 0:  # a lease without GPUs adds none
         return None
     mine = [cap for cap in quotas.groups if cap.covers(uid, gid)]
     if quotas.per_uid is None and not mine:
@@ -101,8 +101,9 @@ def _uid_refusal(uid: int, held: int, asked: int, cap: int) -> UidQuotaError:
         message = (f"uid {uid} asks for {asked} GPU(s); [alloc] max_gpus_per_uid is {cap}: no uid may hold more, "
                    "whatever it releases")
     else:
+        smaller = f", or ask for at most {cap - held}" if cap > held else ""
         message = (f"uid {uid} holds {held} GPU(s); {asked} more would pass [alloc] max_gpus_per_uid = {cap} "
-                   f"(release {held + asked - cap} of them, or ask for at most {max(cap - held, 0)})")
+                   f"(release {held + asked - cap} of them{smaller})")
     return UidQuotaError(message, held=held, asked=asked, cap=cap, uid=uid)
 
 

@@ -23,7 +23,9 @@ ERROR_DESCRIPTIONS = {
     403: "permission_denied",
     404: "lease_not_found",
     408: "request_timeout: the body stalled for [api] idle_timeout_seconds; the connection is closed",
-    409: "insufficient_gpus, insufficient_cpus, insufficient_nics, level_unreachable, gpu_already_leased, wait_timeout",
+    409: "insufficient_gpus, insufficient_cpus, insufficient_nics, level_unreachable, gpu_already_leased, wait_timeout, "
+         "uid_quota and group_quota ([alloc] max_gpus_per_uid, max_gpus_per_group: with held, asked and cap); "
+         "retryable false when no release could ever let the request through",
     413: "payload_too_large: the body exceeds [api] max_body_bytes",
     415: "unsupported_media_type: a Content-Type charset other than UTF-8",
     429: "queue_full; too_many_streams (GET /v1/events beyond [api] max_event_streams_per_uid)",

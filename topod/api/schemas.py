@@ -52,7 +52,8 @@ ERROR = {
                    "invalid_telemetry (400); permission_denied (403); lease_not_found, not_found (404); "
                    "method_not_allowed (405, with an Allow header); request_timeout (408: a body that "
                    "stalled for [api] idle_timeout_seconds); insufficient_gpus, insufficient_cpus, "
-                   "insufficient_nics, level_unreachable, gpu_already_leased, wait_timeout (409); payload_too_large (413); "
+                   "insufficient_nics, level_unreachable, gpu_already_leased, wait_timeout, uid_quota, group_quota "
+                   "(409); payload_too_large (413); "
                    "unsupported_media_type (415: a Content-Type charset other than UTF-8); queue_full (429); "
                    "internal_error and other server faults (500, with request_id); unavailable, "
                    "too_many_connections (503).",
@@ -62,6 +63,14 @@ ERROR = {
         "request_id": {"type": "string", "description": "500 only: the id the daemon log carries"},
         "retryable": {"type": "boolean", "description": "allocation errors: false when waiting cannot help "
                                                         "(the host never has enough GPUs of that kind)"},
+        "held": {"type": "integer", "minimum": 0,
+                 "description": "uid_quota, group_quota: GPUs the uid (the group's members) hold now"},
+        "asked": {"type": "integer", "minimum": 0, "description": "uid_quota, group_quota: GPUs this request asks for"},
+        "cap": {"type": "integer", "minimum": 0,
+                "description": "uid_quota, group_quota: [alloc] max_gpus_per_uid or the group's max_gpus_per_group; "
+                               "retryable is true only when asked <= cap (the holder's own releases make room)"},
+        "uid": {"type": "integer", "minimum": 0, "description": "uid_quota, group_quota: the caller's uid"},
+        "group": {"type": "string", "description": "group_quota: the capped group"},
     },
 }
 

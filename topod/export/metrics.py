@@ -10,7 +10,7 @@ The snapshot's keys:
       "build": {"version": "0.1.0"},                        # topod_build_info
       "gpus_by_state": {"free": 6, "leased": 2},            # topod_gpus{state}
       "nics_by_state": {"free": 5, "leased": 2, "down": 1}, # topod_nics{state}: RDMA NIC ports
-      "leases": [{"id": "l-1", "gpus": 2, "satisfaction": 1.0}],
+      "leases": [{"id": "l-1", "gpus": 2, "cpus": 8, "satisfaction": 1.0}],  # cpus: optional
       "decision_latency": {"buckets": {1e-05: 0, 0.0001: 3, 0.001: 9}, "sum": 0.004, "count": 12},
       "requests": [                                          # topod_allocation_requests_total{result,reason}
         {"result": "granted", "reason": "", "count": 9},     # counters, since start
@@ -21,7 +21,14 @@ The snapshot's keys:
       "link_bandwidth": [{"src": "GPU0", "dst": "GPU1", "bytes_per_second": 2.1e10}],
       "probe": {"duration_seconds": 0.8, "last_timestamp_seconds": 1.7e9},
       "nvlink_domain": {"cluster_uuid": "5a1b...", "clique_ids": [32766]},  # topology JSON's; info
+      "gpu_caps": [{"scope": "uid", "group": "", "cap": 4},  # topod_gpu_cap{scope,group}: the
+                   {"scope": "group", "group": "physics", "cap": 8}],  # configured caps only
     }
+
+GPU caps are the configured ones ([alloc] max_gpus_per_uid, max_gpus_per_group), one series
+per cap, so the count of series is the config's; what a uid holds is not exported (a
+series per uid would grow without bound). Refusals by a cap are counted in
+topod_allocation_requests_total{result="rejected",reason="uid_quota"|"group_quota"}.
 
 decision_latency buckets are per-bucket counts (not cumulative), keyed by upper bound;
 LatencyHistogram keeps them for the daemon, with DEFAULT_BUCKETS from 10 us (a decision
@@ -159,8 +166,9 @@ def _nics(value: Mapping[str, object]) -> Iterator[object]:
 def _leases(value: list[Mapping[str, object]]) -> Iterator[object]:
     from prometheus_client.core import GaugeMetricFamily
 
-    yield GaugeMetricFamily(PREFIX + "leases_active", "active GPU leases", value=len(value))
+    yield GaugeMetricFamily(PREFIX + "leases_active", "active leases (with GPUs or without)", value=len(value))
     gpus = GaugeMetricFamily(PREFIX + "lease_gpus", "GPUs held by each active lease", labels=["lease"])
+    cpus = GaugeMetricFamily(PREFIX + "lease_cpus", "CPUs held by each active lease", labels=["lease"])
     satisfaction = GaugeMetricFamily(
         PREFIX + "lease_topology_satisfaction_ratio",
         "share of local (same NUMA node) links among each lease's GPU pairs; 1 for one GPU",
@@ -169,12 +177,15 @@ def _leases(value: list[Mapping[str, object]]) -> Iterator[object]:
     for lease in value:
         lease_id = str(lease["id"])
         gpus.add_metric([lease_id], _number(f"leases[{lease_id}].gpus", lease.get("gpus", 0)))
+        if lease.get("cpus") is not None:
+            cpus.add_metric([lease_id], _number(f"leases[{lease_id}].cpus", lease["cpus"]))
         if lease.get("satisfaction") is not None:
             ratio = _number(f"leases[{lease_id}].satisfaction", lease["satisfaction"])
             if not 0.0 <= ratio <= 1.0:
                 raise ValueError(f"metrics snapshot: leases[{lease_id}].satisfaction {ratio} is outside 0..1")
             satisfaction.add_metric([lease_id], ratio)
     yield gpus
+    yield cpus
     yield satisfaction
 
 
@@ -282,6 +293,19 @@ def _bandwidth(value: list[Mapping[str, object]]) -> Iterator[object]:
     yield family
 
 
+def _gpu_caps(value: list[Mapping[str, object]]) -> Iterator[object]:
+    from prometheus_client.core import GaugeMetricFamily
+
+    family = GaugeMetricFamily(PREFIX + "gpu_cap", "configured GPU cap: per uid ([alloc] max_gpus_per_uid) or "
+                               "per group (max_gpus_per_group)", labels=["scope", "group"])
+    for row in value:
+        scope = row.get("scope")
+        if scope not in ("uid", "group"):
+            raise ValueError(f"metrics snapshot: gpu_caps row {row!r}: scope must be uid or group")
+        family.add_metric([str(scope), str(row.get("group", ""))], _number(f"gpu_caps[{scope}].cap", row.get("cap")))
+    yield family
+
+
 def _probe(value: Mapping[str, object]) -> Iterator[object]:
     from prometheus_client.core import GaugeMetricFamily
 
@@ -305,5 +329,6 @@ _SECTIONS = {
     "link_bandwidth": _bandwidth,
     "probe": _probe,
     "nvlink_domain": _nvlink_domain,
+    "gpu_caps": _gpu_caps,
 }
 _REQUEST_FORMS = ("requests", "requests_by_result_reason", "requests_by_result")

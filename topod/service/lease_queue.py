@@ -16,8 +16,10 @@ from topod.api.peer import Caller
 from topod.errors import AllocationError, TopodError
 from topod.service.lease import Lease, new_id
 
-# Refusals a request may wait out (with a wait); any other is final.
-WAITABLE_CODES = ("insufficient_gpus", "level_unreachable", "insufficient_cpus", "insufficient_nics")
+# Refusals a request may wait out (with a wait) when they are retryable; any other is
+# final. A quota refusal waits for the holder's own releases (topod.alloc.quota).
+WAITABLE_CODES = ("insufficient_gpus", "level_unreachable", "insufficient_cpus", "insufficient_nics", "uid_quota",
+                  "group_quota")
 
 
 class QueueFullError(TopodError):

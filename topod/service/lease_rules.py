@@ -1,5 +1,7 @@
 """Who may ask for what: an owner process the caller may name, a priority above
-`[alloc] max_priority_non_root`, link telemetry (it steers everyone's placements)."""
+`[alloc] max_priority_non_root`, how many GPUs its uid and groups may hold (`[alloc]
+max_gpus_per_uid`, `max_gpus_per_group`: topod.alloc.quota), link telemetry (it steers
+everyone's placements)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from topod.alloc.errors import QuotaError
+from topod.alloc.quota import GpuQuotas, quota_refusal
 from topod.alloc.service_request import ServiceRequest
 from topod.api.peer import Caller
 from topod.errors import TopodError
@@ -33,6 +37,16 @@ def authorize_request(service: ServiceRequest, request: Any, caller: Caller, max
     if request.priority > max_priority_non_root and not caller.is_admin:
         raise PermissionDeniedError(f"priority {request.priority} is above {max_priority_non_root} "
                                     "([alloc] max_priority_non_root): only root may ask for more")
+
+
+def over_quota(quotas: GpuQuotas, caller: Caller, gpus: int, leases: Callable[[], Iterable[Lease]]) -> QuotaError | None:
+    """The refusal of `gpus` more GPUs for this caller against the GPUs its uid and its
+    groups' members hold in `leases()` (every lease in the table: granted ones from their
+    grant on), or None. `leases` is called only when a cap is set."""
+    if quotas.unlimited:
+        return None
+    return quota_refusal(quotas, caller.uid, caller.gid, gpus,
+                         ((lease.owner_uid, lease.owner_gid, len(lease.gpus)) for lease in leases()))
 
 
 def telemetry_authority(caller: Caller, leases: Iterable[Lease]) -> Callable[[Any], None] | None:

@@ -50,8 +50,9 @@ class LeaseWaiting:
             granted = withdraw(waiter)
             if granted is None:
                 self._drop_waiter(waiter)
-                raise self._refuse("timeout", WaitTimeoutError(f"no GPUs became available within "
-                                                               f"{service.wait_seconds:g} s"), caller,
+                over = self._over_quota(request, caller)
+                why = f"{over}; no room within" if over is not None else "no GPUs became available within"
+                raise self._refuse("timeout", WaitTimeoutError(f"{why} {service.wait_seconds:g} s"), caller,
                                    gpus=request.gpus, job=request.job, request=waiter.id) from None
             lease, commit = granted
         except BaseException as exc:
@@ -80,7 +81,9 @@ class LeaseWaiting:
 
     def process_queue(self) -> None:
         """Grant waiting requests that now fit, highest effective priority first; only to
-        clients still connected."""
+        clients still connected. A waiter over its GPU cap waits on (its own releases make
+        room); one that can never be served now (the config or the hardware changed since
+        it came: a cap below its size, GPUs gone) is answered at once with that refusal."""
         now = self.clock()
         for waiter in serving_order(self.waiters, now, self.policy):
             if waiter.future.done():
@@ -88,11 +91,19 @@ class LeaseWaiting:
             if not waiter.connected():
                 waiter.future.cancel()
                 continue
+            over = self._over_quota(waiter.request, waiter.caller)
+            if over is not None:
+                if not over.retryable:
+                    self._answer_refusal(waiter, over)
+                continue
             try:
                 decision = self.decide(waiter.request, waited=now - waiter.enqueued,
                                        ttl_seconds=waiter.service.ttl_seconds)
                 lease, commit = self._grant(waiter.request, decision, waiter.service, waiter.caller)
-            except AllocationError:
+            except AllocationError as exc:
+                final = self._final_refusal(waiter.request, exc)
+                if not getattr(final, "retryable", True):
+                    self._answer_refusal(waiter, final)
                 continue
             except Exception as exc:  # noqa: BLE001 - one waiter's fault is its own, never the releasing client's
                 log.error("queued_request_failed", request=waiter.id, error=f"{type(exc).__name__}: {exc}")
@@ -103,8 +114,18 @@ class LeaseWaiting:
             waiter.victims = ()
             waiter.future.set_result((lease, commit))
 
+    def _answer_refusal(self, waiter: Waiter, refusal: AllocationError) -> None:
+        """A waiter that no release can serve: refused now (counted and logged as a refusal
+        at the door is), not at its timeout."""
+        request = waiter.request
+        waiter.future.set_exception(self._refuse("rejected", refusal, waiter.caller, gpus=request.gpus,
+                                                 job=request.job, request=waiter.id))
+
     def _maybe_preempt(self, waiter: Waiter) -> None:
         from topod.alloc.preemption import plan_preemption
+
+        if self._over_quota(waiter.request, waiter.caller) is not None:
+            return  # its own leases stand in its way: no one else's is taken for it
 
         victims = plan_preemption(self.topology, self.distances, self.free_state(), waiter.request,
                                   [lease for lease in self.store.all() if lease.state == "active"], self.policy)

@@ -22,6 +22,7 @@ import structlog
 
 from topod.alloc.errors import InvalidRequestError
 from topod.alloc.policy import PolicySettings
+from topod.alloc.quota import GpuQuotas
 from topod.alloc.request import FreeState
 from topod.alloc.service_request import PID_MAX_LIMIT, RequestLimits, ServiceRequest
 from topod.api.peer import Caller
@@ -32,7 +33,7 @@ from topod.service.lease import DecisionMemo, Lease, new_id
 from topod.service.lease_environment import LeaseEnvironment
 from topod.service.lease_lifecycle import LeaseLifecycle
 from topod.service.lease_queue import WAITABLE_CODES, Queued, Waiter
-from topod.service.lease_rules import PermissionDeniedError, authorize_request, telemetry_authority
+from topod.service.lease_rules import PermissionDeniedError, authorize_request, over_quota, telemetry_authority
 from topod.service.lease_store import LeaseStore, LeaseStoreError
 from topod.service.lease_waiting import LeaseWaiting
 from topod.service.owner import OwnerWatch, process_exists, process_start_time
@@ -90,6 +91,7 @@ class LeaseService(LeaseEnvironment, LeaseWaiting, LeaseLifecycle):
         self.limits = RequestLimits(max_wait_seconds=float(self.settings["max_wait_seconds"]),
                                     max_ttl_seconds=float(self.settings["renew_max_ttl_seconds"]),
                                     pid_max=self.pid_max)
+        self.quotas = GpuQuotas.from_settings(self.settings)
 
     # -- views ----------------------------------------------------------------
     @property
@@ -241,6 +243,24 @@ class LeaseService(LeaseEnvironment, LeaseWaiting, LeaseLifecycle):
     def _authorize(self, service: ServiceRequest, request, caller: Caller) -> None:
         authorize_request(service, request, caller, int(self.settings.get("max_priority_non_root", 0)))
 
+    def _over_quota(self, request, caller: Caller) -> AllocationError | None:
+        """The uid_quota/group_quota refusal of this request now (topod.alloc.quota), or
+        None. Synchronous with the grant that follows it: nothing is granted in between."""
+        return over_quota(self.quotas, caller, request.gpus, self.store.all)
+
+    def _never(self, request) -> AllocationError | None:
+        """The refusal no release could lift: the empty host's (topod.alloc.feasibility)."""
+        from topod.alloc.feasibility import impossibility
+
+        return impossibility(self.topology, self.distances, request, self.reserved_cpus, self.policy)
+
+    def _final_refusal(self, request, refusal: AllocationError) -> AllocationError:
+        """A refusal that says waiting may help, unless the empty host refuses too: then
+        that one (retryable false), so no one waits or retries for what never comes."""
+        if not getattr(refusal, "retryable", True) or refusal.code not in WAITABLE_CODES:
+            return refusal
+        return self._never(request) or refusal
+
     def telemetry_authority(self, caller: Caller) -> Callable[[Any], None] | None:
         """topod.service.lease_rules.telemetry_authority over the current leases."""
         return telemetry_authority(caller, self.store.all())
@@ -276,13 +296,20 @@ class LeaseService(LeaseEnvironment, LeaseWaiting, LeaseLifecycle):
             self._authorize(service, request, caller)
         except PermissionDeniedError as exc:
             raise self._refuse("denied", exc, caller, gpus=request.gpus, job=request.job) from None
-        try:
-            decision = self.decide(request, ttl_seconds=service.ttl_seconds)
-        except AllocationError as exc:
-            if service.wait_seconds <= 0 or exc.code not in WAITABLE_CODES or not getattr(exc, "retryable", True):
-                raise self._refuse("rejected", exc, caller, gpus=request.gpus, job=request.job) from None
-            return Queued(request, service, self.free_state())
-        return self._grant(request, decision, service, caller)
+        # The caps, the decision and the grant are one synchronous step: requests that
+        # arrive together are judged one after the other, each seeing the grants before it.
+        refusal = self._over_quota(request, caller)
+        if refusal is None:
+            try:
+                decision = self.decide(request, ttl_seconds=service.ttl_seconds)
+            except AllocationError as exc:
+                refusal = exc
+            else:
+                return self._grant(request, decision, service, caller)
+        refusal = self._final_refusal(request, refusal)
+        if service.wait_seconds <= 0 or refusal.code not in WAITABLE_CODES or not getattr(refusal, "retryable", True):
+            raise self._refuse("rejected", refusal, caller, gpus=request.gpus, job=request.job) from None
+        return Queued(request, service, self.free_state())
 
     def deliver(self, lease: Lease, commit: asyncio.Future | None,
                 answer: Callable[[Lease | None, BaseException | None], None]) -> None:

@@ -14,12 +14,17 @@ def metrics_snapshot(daemon) -> dict:
     snapshot = {
         "build": {"version": __version__},
         "gpus_by_state": {"free": total - len(leased), "leased": len(leased)},
-        "leases": [{"id": lease.id, "gpus": len(lease.gpus), "satisfaction": lease.decision.satisfaction}
-                   for lease in alloc.leases()],
+        "leases": [{"id": lease.id, "gpus": len(lease.gpus), "cpus": len(lease.cpus),
+                    "satisfaction": lease.decision.satisfaction} for lease in alloc.leases()],
         "decision_latency": alloc.decision_latency.to_snapshot(),
         "requests": [{"result": result, "reason": reason, "count": count}
                      for (result, reason), count in sorted(alloc.outcomes.items())],
     }
+    quotas = alloc.quotas
+    caps = ([{"scope": "uid", "group": "", "cap": quotas.per_uid}] if quotas.per_uid is not None else []) + \
+        [{"scope": "group", "group": cap.name, "cap": cap.cap} for cap in quotas.groups]
+    if caps:
+        snapshot["gpu_caps"] = caps
     if daemon.topology.devices_of_kind("rdma"):
         from topod.alloc.nics import nic_ports_by_state
 
