@@ -177,7 +177,8 @@ def test_optional_tcp_metrics_listener_and_nccl_file(daemon_factory, tmp_path):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    nccl = tmp_path / "nccl" / "virtualTopology.xml"
+    # In the state dir of daemon_factory's first daemon (d0): on a fixture root the host's file goes nowhere else.
+    nccl = tmp_path / "d0" / "state" / "virtualTopology.xml"
     daemon = daemon_factory(config=f'[irq]\nmode = "off"\n[probe]\nenabled = false\n[export]\n'
                                    f'metrics_tcp = "{port}"\nwrite_nccl_topology = true\n'
                                    f'nccl_topology_file = "{nccl}"\n')
