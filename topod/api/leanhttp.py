@@ -40,6 +40,7 @@ from topod.api.answers import dumps as json_dumps
 from topod.api.body import parse_body
 from topod.api.closed_transport import forget_read_callback
 from topod.api.framing import response_bytes
+from topod.api.half_close import peer_gone
 from topod.api.peer import PeerDeniedError, caller_async, caller_now, peer_credentials
 from topod.api.server import check_declared_size, lease_text, max_body_bytes, released_text
 
@@ -65,7 +66,7 @@ class LeanConnection(asyncio.Protocol):
 
     __slots__ = ("_site", "_gate", "_backend", "_internal", "_transport", "_uid", "_peer", "_buffer", "_task",
                  "idle_since", "_admitted", "_paused", "_method", "_url", "_headers", "_body", "_messages",
-                 "_complete", "_head_bytes", "_keep_alive", "_parser")
+                 "_complete", "_head_bytes", "_keep_alive", "_parser", "_half_closed")
 
     def __init__(self, site: Any, backend: Any, internal: bool = False) -> None:
         self._site = site
@@ -80,6 +81,7 @@ class LeanConnection(asyncio.Protocol):
         self.idle_since: float | None = None  # loop time the connection last went idle; None: busy
         self._admitted = False
         self._paused = False
+        self._half_closed = False  # the client sent its EOF and waits for the answer
 
     # -- the connection ----------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -115,7 +117,15 @@ class LeanConnection(asyncio.Protocol):
         # A grant answered from its commit learns it then (_answer_grant: not delivered).
 
     def eof_received(self) -> bool | None:
-        return None  # as aiohttp: the transport closes, a request in progress is cancelled
+        """The client's EOF. With nothing in hand, or its peer gone, it hung up: the
+        transport closes and connection_lost cancels what is in progress. A client that
+        only half-closed after a whole request (topod.api.half_close) keeps the connection
+        for its answer (True: asyncio leaves it open for writing); the connection closes
+        once every request received is answered."""
+        if (self._task is None and not self._buffer) or peer_gone(self._transport):
+            return None
+        self._half_closed = True
+        return True
 
     def data_received(self, data: bytes) -> None:
         self._buffer += data
@@ -320,7 +330,15 @@ class LeanConnection(asyncio.Protocol):
         return await caller_async(*self._peer_ids(), self._backend.allowed_group)
 
     def _connected(self) -> bool:
-        return self._admitted and not self._transport.is_closing()
+        """Still there to be answered. A half-closed client is asked (one poll): one gone
+        since is a hang-up, and its connection closes now (connection_lost withdraws what
+        waits for it)."""
+        if not self._admitted or self._transport.is_closing():
+            return False
+        if self._half_closed and peer_gone(self._transport):
+            self._transport.close()
+            return False
+        return True
 
     def _answer_error(self, exc: Exception, method: str, path: str) -> None:
         status, document = error_document(exc, method, path)
@@ -335,9 +353,11 @@ class LeanConnection(asyncio.Protocol):
             task.set_result(None)  # the answer shutdown waits for is out
         if not self._connected():
             return False
-        transport.write(response_bytes(status, body, self._keep_alive))
+        # A half-closed client's last request is answered as the last: it sends no more.
+        keep_alive = self._keep_alive and not (self._half_closed and not self._buffer)
+        transport.write(response_bytes(status, body, keep_alive))
         delivered = not transport.is_closing()
-        if not self._keep_alive:
+        if not keep_alive:
             transport.close()
             return delivered
         if self._paused:
@@ -357,6 +377,10 @@ class LeanConnection(asyncio.Protocol):
         handler = self._site.aiohttp_protocol(self._internal)
         handler.adopt(self._transport, self._uid)
         handler.data_received(raw)
+        if self._half_closed and not handler.eof_received():
+            # The EOF came before these bytes were handed over: aiohttp hears it now, and
+            # a request it does not hold whole was a hang-up (as asyncio would close it).
+            self._transport.close()
 
     # -- idle connections --------------------------------------------------------------------
     def close_if_idle(self, now: float, seconds: float) -> None:

@@ -16,6 +16,7 @@ from aiohttp import web
 from topod.alloc.service_request import RequestLimits, validate_renew_body
 from topod.api.answers import HTTP_CODES, dumps, error_document, error_response, event_line, json_response
 from topod.api.body import DEFAULT_MAX_BYTES, BodyStalledError, PayloadTooLargeError, parse_body
+from topod.api.half_close import peer_gone
 from topod.api.peer import PeerDeniedError, caller_async, peer_credentials, peer_uid
 from topod.errors import TopodError
 
@@ -229,8 +230,12 @@ async def create_lease(request: web.Request) -> web.Response:
 
 
 def _connected(request: web.Request) -> bool:
+    """Still there to be answered; a half-closed client is asked whether it is gone since
+    (topod.api.half_close), others' EOF already closed their transport."""
     transport = request.transport
-    return transport is not None and not transport.is_closing()
+    if transport is None or transport.is_closing():
+        return False
+    return not (getattr(request.protocol, "half_closed", False) and peer_gone(transport))
 
 
 async def get_lease(request: web.Request) -> web.Response:

@@ -29,11 +29,12 @@ from aiohttp.web_request import BaseRequest
 
 from topod.api.answers import HTTP_CODES, error_response, internal_error
 from topod.api.closed_transport import forget_read_callback
+from topod.api.half_close import aiohttp_request_in_hand, peer_gone
 from topod.api.peer import peer_uid
 from topod.api.server import routes
 from topod.config import Config, parse_listen_address
-from topod.service.connection_gate import (ACCEPT_BATCH, LINGER_BUDGET, REFUSAL, REFUSAL_LINGER_SECONDS, REFUSALS,
-                                          RESERVED_DESCRIPTORS, ConnectionGate, descriptor_limit)
+from topod.service.connection_gate import (ACCEPT_BATCH, REFUSAL, REFUSAL_LINGER_SECONDS, REFUSALS, ConnectionGate,
+                                          asyncio_workers, descriptor_limit, own_descriptors)
 
 log = structlog.get_logger("topod")
 
@@ -109,12 +110,12 @@ def _drop_pending_input(transport: asyncio.BaseTransport) -> None:
 class GatedRequestHandler(RequestHandler):
     """aiohttp's connection protocol, counted by a ConnectionGate: one over the limit (or
     over its uid's share) gets a 503 without any of its bytes being parsed, and is closed
-    after the client's EOF (at most REFUSAL_LINGER_SECONDS, at most LINGER_BUDGET such
-    connections at once) or, in a flood, at once: refused connections never hold more
+    after the client's EOF (at most REFUSAL_LINGER_SECONDS, at most the gate's linger_budget
+    such connections at once) or, in a flood, at once: refused connections never hold more
     than a handful of descriptors. An internal connection (the daemon's self-check) is
     admitted outside the count."""
 
-    __slots__ = ("_gate", "_admitted", "_refused", "_uid", "_internal", "_lingering")
+    __slots__ = ("_gate", "_admitted", "_refused", "_uid", "_internal", "_lingering", "half_closed", "_last_payload")
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         if self._internal:
@@ -137,14 +138,14 @@ class GatedRequestHandler(RequestHandler):
 
     def refuse(self, transport: asyncio.BaseTransport, uid: int | None) -> None:
         """The gate refused this connection: its 503, then a close after the client's EOF
-        (at most REFUSAL_LINGER_SECONDS) or, beyond LINGER_BUDGET lingering, at once."""
+        (at most REFUSAL_LINGER_SECONDS) or, beyond the gate's linger_budget, at once."""
         self._uid = uid
         self._admitted = False
         why = self._gate.last_refusal[1] if self._gate.last_refusal else "too_many_connections"
         transport.write(REFUSALS.get(why, REFUSAL))  # type: ignore[attr-defined]
         if transport.can_write_eof():  # type: ignore[attr-defined]
             transport.write_eof()  # type: ignore[attr-defined]
-        if self._gate.lingering < LINGER_BUDGET:
+        if self._gate.lingering < self._gate.linger_budget:
             self._gate.lingering += 1
             self._lingering = True
             self._refused = transport
@@ -161,6 +162,7 @@ class GatedRequestHandler(RequestHandler):
         if not self._admitted:
             return
         self._admitted = False
+        self._last_payload = None
         if not self._internal:
             self._gate.leave(self._uid)
         super().connection_lost(exc)
@@ -168,13 +170,28 @@ class GatedRequestHandler(RequestHandler):
     def data_received(self, data: bytes) -> None:
         if self._admitted:
             super().data_received(data)
+            if self._messages:  # the body of the last request parsed: whole or not at EOF
+                self._last_payload = self._messages[-1][1]
 
     def eof_received(self) -> bool | None:
         if self._admitted:
+            if aiohttp_request_in_hand(self, self._last_payload) and not peer_gone(self.transport):
+                # Half-closed after a whole request (topod.api.half_close): answered, then
+                # closed; open for writing until then. Anything else is a hang-up.
+                self.half_closed = True
+                if not self._messages:
+                    self.close()  # the request in progress is the last
+                return True
             return super().eof_received()
         if self._refused is not None:
             self._refused.close()
         return False
+
+    async def finish_response(self, request: BaseRequest, resp: web.StreamResponse,
+                              start_time: float | None) -> tuple[web.StreamResponse, bool]:
+        if self.half_closed and not self._messages:
+            resp.force_close()  # a half-closed client's last answer: the connection closes after it
+        return await super().finish_response(request, resp, start_time)
 
     def handle_error(self, request: BaseRequest, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
@@ -251,6 +268,8 @@ class GatedSockSite(web.SockSite):
         handler._uid = None
         handler._internal = internal
         handler._lingering = False
+        handler.half_closed = False
+        handler._last_payload = None
         return handler
 
     async def internal_connection(self) -> socket.socket:
@@ -310,8 +329,10 @@ async def serve(daemon, config: Config, listen: socket.socket | None = None) -> 
         except (KeyError, TypeError, ValueError):
             return default
 
+    own = own_descriptors(gpus=len(daemon.state.topology.gpus), workers=asyncio_workers())
     gate = ConnectionGate(configured, descriptor_limit(), per_uid=lambda: api_int("max_connections_per_uid", 64),
-                          root_reserve=lambda: api_int("root_reserved_connections", 16))
+                          root_reserve=lambda: api_int("root_reserved_connections", 16),
+                          own_descriptors=sum(own.values()))
     daemon.api_gate = gate
     runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=2.0, handler_cancellation=True,
                            **handler_kwargs)
@@ -321,10 +342,9 @@ async def serve(daemon, config: Config, listen: socket.socket | None = None) -> 
     site = GatedSockSite(runner, listen, gate, handler_kwargs, backend=daemon)
     await site.start()
     daemon.api_site = site
-    if gate.ceiling < configured():
-        log.warning("max_connections_lowered", configured=configured(), max_connections=gate.ceiling,
-                    descriptor_limit=gate.nofile, reason=f"{RESERVED_DESCRIPTORS} descriptors stay reserved")
-    log.info("api_listening", where=where, max_connections=gate.ceiling, idle_timeout_seconds=idle)
+    gate.log_budget()
+    log.info("api_listening", where=where, max_connections=gate.ceiling, root_reserved=gate.reserve,
+             per_uid=gate.share, idle_timeout_seconds=idle)
     return runner
 
 
