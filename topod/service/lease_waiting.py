@@ -51,7 +51,8 @@ class LeaseWaiting:
             if granted is None:
                 self._drop_waiter(waiter)
                 over = self._over_quota(request, caller)
-                why = f"{over}; no room within" if over is not None else "no GPUs became available within"
+                what = "GPUs" if request.gpus else "CPUs"  # a lease without GPUs waits for CPUs
+                why = f"{over}; no room within" if over is not None else f"no {what} became available within"
                 raise self._refuse("timeout", WaitTimeoutError(f"{why} {service.wait_seconds:g} s"), caller,
                                    gpus=request.gpus, job=request.job, request=waiter.id) from None
             lease, commit = granted
