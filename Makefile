@@ -1,5 +1,5 @@
 # The two commands of the README: `make demo` and `make test`.
-.PHONY: demo test test-systemd test-slurm-block bench install uninstall wheelhouse
+.PHONY: demo test test-systemd test-gpu test-slurm-block bench install uninstall wheelhouse
 
 demo:
 	@bash scripts/setup.sh
@@ -15,6 +15,13 @@ test:
 # one "skipped:" line) where it cannot run. See README, "The systemd tier".
 test-systemd:
 	@bash scripts/systemd-tier.sh run
+
+# On a GPU server: topod's GPUs, NUMA nodes, links and NIC pairing against the vendor's
+# own tools (`nvidia-smi topo -m`, `rocm-smi --showtopo`), one MISMATCH line per
+# disagreement (status 1). Skips (status 0, one "skipped:" line) on a host without GPUs.
+test-gpu:
+	@bash scripts/setup.sh --test >/dev/null
+	@.venv/bin/python -m topod.conformance
 
 # Block topology files against a real slurmctld with topology/block (Slurm >= 24.05, which
 # Debian 12 lacks): built once from a SchedMD/slurm checkout (SLURM_SRC=dir, 7-10 minutes)

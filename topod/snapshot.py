@@ -32,6 +32,12 @@ PCI_FILES = ("vendor", "device", "class", "numa_node", "local_cpus", "local_cpul
              "current_link_width", "max_link_speed", "max_link_width", "subsystem_vendor", "subsystem_device",
              "revision", "irq", "uevent")
 PCI_CHILD_CLASSES = ("net", "infiniband", "nvme", "drm")
+AMD_VENDOR = "0x1002"
+# amdgpu's attributes on an AMD GPU's function (topod.discover.kfd reads them)
+AMD_GPU_FILES = ("unique_id", "product_name", "mem_info_vram_total", "current_compute_partition",
+                 "available_compute_partition", "current_memory_partition", "available_memory_partition")
+KFD_CLASS = "sys/class/kfd/kfd"
+KFD_NODE_DIRS = ("mem_banks", "io_links", "p2p_links", "caches")
 PROC_FILES = ("cpuinfo", "meminfo", "stat", "interrupts", "softirqs", "cmdline", "sys/kernel/hostname")
 ACCESS_FILES = ("read_bandwidth", "write_bandwidth", "read_latency", "write_latency")
 TIER_DIR = "sys/devices/virtual/memory_tiering"
@@ -52,6 +58,7 @@ def collect(host: HostRoot) -> Iterator[Entry]:
     for name in PROC_FILES:
         yield from _file(host, f"proc/{name}")
     yield from _driver_gpu_entries(host)
+    yield from _kfd_entries(host)
     for irq in host.listdir("proc/irq"):
         if irq.isdigit():
             for name in IRQ_FILES:
@@ -135,6 +142,30 @@ def _driver_gpu_entries(host: HostRoot) -> Iterator[Entry]:
             yield from _file(host, f"proc/driver/nvidia/gpus/{address}/information")
 
 
+def _kfd_entries(host: HostRoot) -> Iterator[Entry]:
+    """amdgpu's KFD topology (sys/class/kfd/kfd -> sys/devices/virtual/kfd/kfd) and the
+    names under /dev/dri and /dev/kfd, as empty files (a tree holds no device nodes)."""
+    yield from _link(host, KFD_CLASS)
+    base = (host.resolve(KFD_CLASS) or "").lstrip("/") if host.readlink(KFD_CLASS) else KFD_CLASS
+    top = f"{base}/topology"
+    for name in ("generation_id", "system_properties"):
+        yield from _file(host, f"{top}/{name}")
+    for node in host.listdir(f"{top}/nodes"):
+        if not node.isdigit():
+            continue
+        for name in ("gpu_id", "name", "properties"):
+            yield from _file(host, f"{top}/nodes/{node}/{name}")
+        for sub in KFD_NODE_DIRS:
+            for item in host.listdir(f"{top}/nodes/{node}/{sub}"):
+                if item.isdigit():
+                    yield from _file(host, f"{top}/nodes/{node}/{sub}/{item}/properties")
+    for name in host.listdir("dev/dri"):
+        if name.startswith(("card", "renderD")):
+            yield Entry(f"dev/dri/{name}", data=b"")
+    if host.exists("dev/kfd"):
+        yield Entry("dev/kfd", data=b"")
+
+
 def _pci_entries(host: HostRoot) -> Iterator[Entry]:
     bus = "sys/bus/pci/devices"
     for name in host.listdir(bus):
@@ -166,6 +197,9 @@ def _function_files(host: HostRoot, child: str) -> Iterator[Entry]:
     """A function's attributes, driver link, MSI vectors and named children."""
     for file_name in PCI_FILES:
         yield from _file(host, f"{child}/{file_name}")
+    if (host.read_line(f"{child}/vendor") or "").strip().lower() == AMD_VENDOR:
+        for file_name in AMD_GPU_FILES:
+            yield from _file(host, f"{child}/{file_name}")
     yield from _link(host, f"{child}/driver")
     for irq in host.listdir(f"{child}/msi_irqs"):
         yield from _file(host, f"{child}/msi_irqs/{irq}")

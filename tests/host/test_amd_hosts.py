@@ -174,3 +174,24 @@ def test_amd_gpu_without_kfd_is_named_from_pci_and_not_given_a_nvidia_minor(tmp_
     (gpu,) = topology.gpus
     assert (gpu.vendor, gpu.model, gpu.amd) == ("amd", "AMD Instinct MI300X", None)
     assert not any("nvidia" in w.reason or w.code.startswith("gpu_minor") for w in topology.warnings)
+
+
+def test_snapshot_carries_kfd_dri_and_amdgpu_attributes(tmp_path):
+    import tarfile
+
+    from topod.snapshot import write_snapshot
+    from topod.topojson import topology_to_json
+
+    root = build_host(load_builtin_spec(HOST), tmp_path / "tree")
+    out = tmp_path / "mi.tar.gz"
+    write_snapshot(HostRoot(root), str(out), "mi-snap")
+    with tarfile.open(out) as archive:
+        names = set(archive.getnames())
+        archive.extractall(tmp_path / "x", filter="tar")
+    assert {"mi-snap/dev/kfd", "mi-snap/dev/dri/renderD128", "mi-snap/sys/class/kfd/kfd",
+            "mi-snap/sys/devices/virtual/kfd/kfd/topology/nodes/2/io_links/1/properties"} <= names
+    original = topology_to_json(discover(HostRoot(root), live_nvml=False))
+    copied = topology_to_json(discover(HostRoot(tmp_path / "x/mi-snap"), live_nvml=False))
+    original.pop("root"), copied.pop("root")
+    assert copied == original
+    assert copied["gpus"][0]["amd"]["compute_partition"] == "SPX"

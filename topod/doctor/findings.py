@@ -286,8 +286,41 @@ def isolated_cpus_misused(job: Job, ctx: HostContext) -> list[Finding]:
     return findings
 
 
+def gpus_outside_lease(job: Job, ctx: HostContext) -> list[Finding]:
+    """A process in a lease uses GPUs the lease does not hold (its own CUDA/HIP/ROCR
+    variables, or the device files it opened, say so): another job's GPUs."""
+    if job.lease is None or not job.lease.gpus or job.gpu_source not in ("fd", "nvml", "env"):
+        return []
+    outside = sorted(set(job.gpus) - set(job.lease.gpus))
+    if not outside:
+        return []
+    names = [name for name in ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
+             if name in job.process.env]
+    shown = " ".join(f"{name}={job.process.env[name]}" for name in names)
+    return [Finding(
+        "error", "gpus_outside_lease",
+        f"{_who(job)} in lease {job.lease.id} (GPUs {','.join(map(str, job.lease.gpus))}) uses GPU(s) "
+        f"{','.join(map(str, outside))} it does not hold (from {job.gpu_source}{': ' + shown if shown else ''})",
+        {"gpus": list(job.gpus), "lease_gpus": list(job.lease.gpus), "outside": outside, "source": job.gpu_source,
+         "environment": {name: job.process.env[name] for name in names}},
+        f"{_lease_visibility(job.lease.gpus, ctx)} {_short(job.process.command or job.process.name or '<command>')}"
+        "   # the lease's own GPUs, nothing else set (topoctl run sets this for you)",
+        tuple(_proc(job, "environ", "fd")), job.process.pid, job.lease.id)]
+
+
+def _lease_visibility(gpus: tuple[int, ...], ctx: HostContext) -> str:
+    """The variables that show a job exactly these GPUs: ROCR_VISIBLE_DEVICES by ROCr's
+    GPU-<unique_id> for AMD GPUs (with HIP's and CUDA's own lists unset), else
+    CUDA_VISIBLE_DEVICES."""
+    chosen = [ctx.topology.gpu(g) for g in gpus]
+    if chosen and all(g is not None and g.amd is not None and g.uuid for g in chosen):
+        return (f"env -u HIP_VISIBLE_DEVICES -u CUDA_VISIBLE_DEVICES ROCR_VISIBLE_DEVICES="
+                f"{','.join(g.uuid for g in chosen)}")
+    return f"CUDA_VISIBLE_DEVICES={','.join(map(str, gpus))}"
+
+
 PROCESS_RULES = (gpu_remote_cpu, memory_remote, threads_free_to_migrate, irqs_on_cores, ht_siblings_split,
-                 isolated_cpus_misused)
+                 isolated_cpus_misused, gpus_outside_lease)
 
 
 def _gpus(job: Job) -> str:

@@ -16,7 +16,8 @@ from topod.host import HostRoot
 # Environment variables that decide which GPUs and NICs a rank uses. Only these are
 # kept: a process's environment may hold secrets, and doctor prints what it keeps.
 ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NVIDIA_VISIBLE_DEVICES", "LOCAL_RANK", "RANK",
-             "WORLD_SIZE", "OMP_NUM_THREADS", "UCX_NET_DEVICES", "TOPOD_GPU_NICS")
+             "WORLD_SIZE", "OMP_NUM_THREADS", "UCX_NET_DEVICES", "TOPOD_GPU_NICS", "ROCR_VISIBLE_DEVICES",
+             "HIP_VISIBLE_DEVICES")
 ENV_PREFIXES = ("NCCL_",)
 # The most of /proc/PID/environ doctor reads. The kernel lets argv + envp take a quarter of
 # the stack limit (2 MiB at the usual 8 MiB); a bigger one is not read and the process's

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from topod.cpulist import format_cpulist
+from topod.doctor.visible import rocm_visible
 from topod.doctor.findings import (
     PROCESS_RULES,
     SEVERITIES,
@@ -124,7 +125,9 @@ def resolve_gpus(process: ProcessFacts, topology: Topology, minor_map: dict[int,
             return tuple(sorted(found)), "fd"
     if process.nvml_gpus:
         return tuple(process.nvml_gpus), "nvml"
-    from_env = gpus_from_env(process.env.get("CUDA_VISIBLE_DEVICES"), topology)
+    from_env = rocm_visible(process.env, topology)  # None: no AMD GPU, or ROCm's variables unset
+    if from_env is None:
+        from_env = gpus_from_env(process.env.get("CUDA_VISIBLE_DEVICES"), topology)
     if from_env:
         return from_env, "env"
     if lease and lease.gpus:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from topod.cpulist import format_cpulist
 from topod.discover.fabric import nvlink_domain_attributes
@@ -42,6 +42,10 @@ _LEGACY_POLICY = {
     ("single-numa-node", "container"): "SingleNUMANodeContainerLevel",
     ("single-numa-node", "pod"): "SingleNUMANodePodLevel",
 }
+
+
+AMD_GPU_RESOURCE = "amd.com/gpu"  # ROCm's Kubernetes device plugin
+NVIDIA_GPU_RESOURCE = "nvidia.com/gpu"
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +99,7 @@ def build_nrt(
     if not node_name:
         raise ConfigError("export nrt: a node name is required (the Kubernetes Node's name)")
     check_node_name(node_name)
-    settings = settings or NrtSettings()
+    settings = _vendor_resource(settings or NrtSettings(), topology)
     model = distances or DistanceModel(topology)
     leased_gpu_set = set(leased_gpus)
     unknown = sorted(leased_gpu_set - {gpu.index for gpu in topology.gpus})
@@ -298,6 +302,12 @@ def _host_attributes(topology: Topology, labels: Mapping[str, str]) -> list[dict
     if fabric.pairs:
         pairs = ",".join(f"{a}-{b}:{n}" for (a, b), n in sorted(fabric.pairs.items()))
         attributes.append(_attr(ATTR_PREFIX + "nvlink-pairs", pairs))
+    if fabric.hives:
+        attributes.append(_attr(ATTR_PREFIX + "xgmi-hives", ";".join(format_cpulist(list(h)) for h in fabric.hives)))
+    if topology.gpus and any(gpu.vendor not in (None, "nvidia") for gpu in topology.gpus):
+        # Which vendor and model each GPU is, where the host is not NVIDIA's alone.
+        attributes.append(_attr(ATTR_PREFIX + "gpu-models", ";".join(f"{gpu.index}:{gpu.vendor}:{gpu.model or ''}"
+                                                                     for gpu in topology.gpus)))
     groups = pcie_switch_groups(topology)
     if groups:
         attributes.append(_attr(ATTR_PREFIX + "pcie-switch-groups", ";".join(",".join(map(str, g)) for g in groups)))
@@ -306,6 +316,15 @@ def _host_attributes(topology: Topology, labels: Mapping[str, str]) -> list[dict
         # A GPU with no known NUMA node fits no zone; say so rather than guess one.
         attributes.append(_attr(ATTR_PREFIX + "gpus-without-zone", ",".join(map(str, homeless))))
     return attributes
+
+
+def _vendor_resource(settings: NrtSettings, topology: Topology) -> NrtSettings:
+    """The default resource name follows the host's GPUs: AMD's device plugin counts
+    amd.com/gpu; a name the operator set is kept as set."""
+    if (settings.gpu_resource == NVIDIA_GPU_RESOURCE and topology.gpus
+            and all(gpu.vendor == "amd" for gpu in topology.gpus)):
+        return replace(settings, gpu_resource=AMD_GPU_RESOURCE)
+    return settings
 
 
 def pcie_switch_groups(topology: Topology) -> list[list[int]]:
