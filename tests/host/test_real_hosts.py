@@ -19,14 +19,14 @@ HOSTS = sorted(p.name[: -len(".truth.json")] for p in CORPUS.glob("*.truth.json"
 NUMBER_WORDS = {"nine": 9, "ten": 10, "eleven": 11, "twelve": 12, "thirteen": 13, "fourteen": 14}
 
 
-def test_vendored_corpus_is_complete_and_as_many_hosts_as_the_readme_claims():
+def test_vendored_corpus_is_complete_and_as_many_hosts_as_the_docs_claim():
     assert (CORPUS / "HWLOC-COPYING").is_file(), "hwloc's BSD-3-Clause notice must travel with its data"
     assert "Redistribution and use" in (CORPUS / "HWLOC-COPYING").read_text()
     assert len(HOSTS) == 11, HOSTS
     for name in HOSTS:  # every host has its tree and the lstopo view its truth came from
         assert (CORPUS / f"{name}.tar.bz2").is_file() and (CORPUS / f"{name}.lstopo.xml").is_file(), name
-    claim = re.search(r"for all (\w+) hosts of", (REPO / "README.md").read_text())
-    assert claim, "README's real-machine check names its host count"
+    claim = re.search(r"for all (\w+) hosts of", (REPO / "docs" / "architecture.md").read_text())
+    assert claim, "docs/architecture.md's real-machine check names its host count"
     assert NUMBER_WORDS.get(claim.group(1)) == len(HOSTS), claim.group(0)
 
 
@@ -102,7 +102,7 @@ def test_each_cpus_hyper_thread_siblings_are_its_lstopo_core(name, extracted):
 
 @pytest.mark.skipif(shutil.which("lstopo-no-graphics") is None, reason="hwloc's lstopo is not installed")
 def test_the_lstopo_comparison_script_agrees_on_the_vendored_corpus_but_for_64amd64s_cores():
-    # scripts/lstopo_compare.py, which README's hwloc-suite figures come from, run live
+    # scripts/lstopo_compare.py, which docs/architecture.md's hwloc-suite figures come from, run live
     out = subprocess.run([sys.executable, str(REPO / "scripts/lstopo_compare.py"), str(CORPUS)],
                          capture_output=True, text=True, check=True, timeout=300).stdout
     differing = [line.split(":")[0] for line in out.splitlines() if line.endswith(": differs")]

@@ -21,7 +21,6 @@ SLURMCTLD = shutil.which("slurmctld") or shutil.which("slurmctld", path="/usr/sb
 SCONTROL = shutil.which("scontrol")
 needs_slurmctld = pytest.mark.skipif(SLURMCTLD is None or SCONTROL is None,
                                      reason="slurmctld/scontrol not installed (Debian packages slurmctld, slurm-client)")
-README = Path(__file__).resolve().parents[2] / "README.md"
 UUID = "5a1b0c2d-0000-4e3f-9a7b-72a000000001"
 
 

@@ -227,18 +227,44 @@ def test_metrics_pass_promtool_and_carry_irq_rates(daemon_factory):
         assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
+def _documented_curl_commands() -> list[str]:
+    """Every `curl --unix-socket` command in the code blocks of README.md and docs/api.md,
+    continuation lines joined, in the order a reader meets them."""
+    import re
+
+    repo = Path(__file__).resolve().parents[2]
+    commands = []
+    for page in (repo / "README.md", repo / "docs" / "api.md"):
+        for block in re.findall(r"^```sh\n(.*?)^```", page.read_text(), re.S | re.M):
+            commands += [line.strip() for line in block.replace("\\\n", " ").splitlines()
+                         if line.startswith("curl --unix-socket /run/topod/topod.sock")]
+    return commands
+
+
 @pytest.mark.skipif(shutil.which("curl") is None, reason="curl not installed")
-def test_the_readmes_curl_example_allocates(daemon_factory):
+def test_every_documented_curl_example_is_answered(daemon_factory):
+    """Run in order against a daemon; LEASE_ID is the lease the last POST /v1/leases got."""
     import re
     import shlex
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    command = next(line for line in readme.splitlines() if line.startswith("curl --unix-socket /run/topod/topod.sock"))
+    commands = _documented_curl_commands()
+    assert len(commands) >= 6 and any("-X DELETE" in command for command in commands)
     daemon = daemon_factory()
     daemon.start()
-    argv = [daemon.socket if word == "/run/topod/topod.sock" else word for word in shlex.split(command)]
-    out = subprocess.run(["curl", "-s", *argv[1:]], capture_output=True, text=True, timeout=20).stdout
-    lease = json.loads(out)
-    body = json.loads(re.search(r"-d '([^']+)'", command).group(1))
-    assert len(lease["gpus"]) == body["gpus"] and len(lease["cpus"]) == body["gpus"] * body["cpus_per_gpu"]
-    assert lease["decision"]["level"] in ("good", "best")
+    lease_id = None
+    for command in commands:
+        assert "LEASE_ID" not in command or lease_id, f"{command}: no lease granted before it"
+        argv = [daemon.socket if word == "/run/topod/topod.sock" else word.replace("LEASE_ID", lease_id or "")
+                for word in shlex.split(command)]
+        done = subprocess.run(["curl", "-s", "-w", "\\n%{http_code}", *argv[1:]], capture_output=True, text=True,
+                              timeout=20)
+        body, _, status = done.stdout.rpartition("\n")
+        assert done.returncode == 0 and status.startswith("2"), f"{command}: HTTP {status} {body[:300]}"
+        url = next(word for word in argv if word.startswith("http://topod/"))
+        if "-X POST" in command and url == "http://topod/v1/leases":
+            lease = json.loads(body)
+            asked = json.loads(re.search(r"-d '([^']+)'", command).group(1))
+            assert len(lease["gpus"]) == asked["gpus"]
+            assert len(lease["cpus"]) == asked["gpus"] * asked["cpus_per_gpu"]
+            assert lease["decision"]["level"] in ("good", "best")
+            lease_id = lease["id"]

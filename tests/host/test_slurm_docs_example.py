@@ -1,6 +1,6 @@
-"""The README's Slurm topology example, run: three GB200 trays built from the gb200 host
-spec (two registered, one still registering), their `topo --json` documents exported by
-topoctl, every line compared with the README; the tree form is also loaded by slurmctld."""
+"""docs/exports.md's Slurm topology examples, run: three GB200 trays built from the gb200
+host spec (two registered, one still registering), their `topo --json` documents exported
+by topoctl, every line compared with the page; the tree form is also loaded by slurmctld."""
 
 from __future__ import annotations
 
@@ -17,14 +17,14 @@ from topod.host import HostRoot
 from topod.hostspec import build_host, load_builtin_spec
 from topod.topojson import topology_to_json
 
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+PAGE = (Path(__file__).resolve().parents[2] / "docs" / "exports.md").read_text()
 STATES = ("completed", "completed", "in-progress")
 LABELS = ({"rack": "r01", "leaf": "l1"}, {"rack": "r01", "leaf": "l1"}, {"rack": "r01"})
 
 
 @pytest.fixture(scope="module")
 def trays(tmp_path_factory):
-    """The three trays' `topoctl topo --json` documents, as the README's files."""
+    """The three trays' `topoctl topo --json` documents, as the page's files."""
     directory = tmp_path_factory.mktemp("trays")
     for number, state in enumerate(STATES):
         spec = copy.deepcopy(load_builtin_spec("gb200-nvl72-tray0"))
@@ -37,14 +37,14 @@ def trays(tmp_path_factory):
 
 
 def _example(command_start: str) -> tuple[list[str], list[str]]:
-    """(argv after `topoctl`, the lines shown under it) of the README console block whose
+    """(argv after `topoctl`, the lines shown under it) of the page's console block whose
     command starts so."""
-    for block in re.findall(r"```console\n(.*?)```", README, re.S):
+    for block in re.findall(r"```console\n(.*?)```", PAGE, re.S):
         lines = block.splitlines()
         for i, line in enumerate(lines):
             if line.startswith(f"$ topoctl {command_start}"):
                 return line[len("$ topoctl "):].split(), lines[i + 1:]
-    raise AssertionError(f"README shows no `topoctl {command_start}` example")
+    raise AssertionError(f"docs/exports.md shows no `topoctl {command_start}` example")
 
 
 def _run(argv, directory, capsys, monkeypatch) -> list[str]:
@@ -54,13 +54,13 @@ def _run(argv, directory, capsys, monkeypatch) -> list[str]:
     return captured.err.splitlines() + captured.out.splitlines()
 
 
-def test_the_readme_block_example_is_what_topoctl_writes(trays, capsys, monkeypatch):
+def test_the_block_example_is_what_topoctl_writes(trays, capsys, monkeypatch):
     argv, shown = _example("export slurm-topology nvl72")
     assert _run(argv, trays, capsys, monkeypatch) == shown
     assert "BlockSizes=2" in shown and any("nvl72-r01-t2: fabric registration in-progress" in s for s in shown)
 
 
-def test_the_readme_tree_example_is_what_topoctl_writes_and_slurmctld_loads(trays, tmp_path, capsys, monkeypatch):
+def test_the_tree_example_is_what_topoctl_writes_and_slurmctld_loads(trays, tmp_path, capsys, monkeypatch):
     labelled = tmp_path / "labelled"
     labelled.mkdir()
     for number, labels in enumerate(LABELS):  # as GET /v1/topology adds them from [cluster]
