@@ -338,12 +338,12 @@ def test_the_gate_refuses_beyond_the_ceiling_and_the_ceiling_fits_the_descriptor
     assert connection_ceiling(256, 1024) == 256
     assert connection_ceiling(256, 128) == 48  # 80 kept for the daemon, lingering refusals, accepts in flight
     assert connection_ceiling(256, None) == 256
-    gate = ConnectionGate(lambda: 2, nofile=None)
+    gate = ConnectionGate(lambda: 2, nofile=None)  # root (uid 0): the reserve does not refuse it
     with capture_logs() as logs:
-        assert gate.admit() and gate.admit() and not gate.admit() and not gate.admit()
+        assert gate.admit(0) and gate.admit(0) and not gate.admit(0) and not gate.admit(0)
     assert [e["event"] for e in logs] == ["connection_refused"]
-    gate.leave()
-    assert gate.admit() and gate.refused == 2
+    gate.leave(0)
+    assert gate.admit(0) and gate.refused == 2
 
 
 # -- the document ------------------------------------------------------------------------
