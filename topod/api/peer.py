@@ -2,7 +2,9 @@
 
 Group membership comes from the name service (getpwuid + getgrouplist), which on HPC
 nodes is LDAP/SSSD and can block for seconds: it is looked up in a worker thread and
-cached per (uid, gid) for GROUP_CACHE_SECONDS, one lookup in flight per key.
+cached per (uid, gid) for GROUP_CACHE_SECONDS (3 s), one lookup in flight per key. The
+cache is short because it is a grant: a user removed from the group keeps what the cache
+says for that long at most. A reload (SIGHUP, `topoctl reload`) flushes it at once.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from dataclasses import dataclass
 from topod.errors import TopodError
 
 _UCRED = struct.Struct("3i")
-GROUP_CACHE_SECONDS = 60.0
+# Long enough that a burst of requests from one user costs one name-service lookup,
+# short enough that a removal from the group takes effect before anyone relies on it.
+GROUP_CACHE_SECONDS = 3.0
 GROUP_CACHE_ENTRIES = 4096
 
 
@@ -101,7 +105,9 @@ def caller_now(pid: int | None, uid: int, gid: int, allowed_group: int | None,
 
 
 class GroupCache:
-    """(uid, gid) -> the groups of that user, for `ttl` seconds; misses run in a thread."""
+    """(uid, gid) -> the groups of that user, for `ttl` seconds; misses run in a thread.
+    clear() forgets every answer, and a lookup in flight when it is called is not kept
+    (it may have read the name service before the change clear() was called for)."""
 
     def __init__(self, ttl: float = GROUP_CACHE_SECONDS, entries: int = GROUP_CACHE_ENTRIES,
                  lookup=None, clock=time.monotonic) -> None:
@@ -111,6 +117,7 @@ class GroupCache:
         self.clock = clock
         self._cache: dict[tuple[int, int], tuple[float, frozenset[int]]] = {}
         self._pending: dict[tuple[int, int], asyncio.Future] = {}
+        self._generation = 0  # clear() counts up: a lookup started before it is not cached
         self.lookups = 0
 
     def cached(self, uid: int, gid: int) -> frozenset[int] | None:
@@ -135,18 +142,26 @@ class GroupCache:
         return await asyncio.shield(task)
 
     async def _lookup(self, key: tuple[int, int]) -> frozenset[int]:
+        generation = self._generation
+        task = asyncio.current_task()
         try:
             self.lookups += 1
             groups = frozenset(await asyncio.to_thread(self.lookup or _groups_of, *key))
-            if len(self._cache) >= self.entries:
-                self._cache.clear()
-            self._cache[key] = (self.clock(), groups)
+            if generation == self._generation:
+                if len(self._cache) >= self.entries:
+                    self._cache.clear()
+                self._cache[key] = (self.clock(), groups)
             return groups
         finally:
-            self._pending.pop(key, None)
+            if self._pending.get(key) is task:
+                del self._pending[key]
 
     def clear(self) -> None:
+        """Forget every user's groups (a reload: the group may have changed): the next
+        request of each user looks them up again, and lookups in flight are not kept."""
+        self._generation += 1
         self._cache.clear()
+        self._pending.clear()
 
 
 GROUPS = GroupCache()

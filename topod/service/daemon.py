@@ -18,7 +18,7 @@ import structlog
 
 from topod import __version__
 from topod.alloc.service_request import parse_pid_max
-from topod.api.peer import group_id
+from topod.api.peer import GROUPS, group_id
 from topod.config import Config, cpus, load_config
 from topod.errors import ConfigError
 from topod.events import EventBus
@@ -136,8 +136,11 @@ class Daemon(DaemonReports, DaemonLoops):
         config stays whole. Keys read only at start (config.RESTART_KEYS: root, socket,
         state_dir, ...) keep their running value and are named in the verdict and the log.
         The host is rediscovered too (`systemctl reload topod` after a driver change).
-        Returns the verdict: {"applied", "reason" (refused), "restart_required" (keys)}."""
+        Returns the verdict: {"applied", "reason" (refused), "restart_required" (keys)}.
+        Users' cached group memberships are forgotten whatever the verdict: a reload is how
+        an administrator makes a change to the group take effect at once."""
         async with self._reload_lock:
+            GROUPS.clear()
             self.notifier.reloading()
             try:
                 return await self._reload()
