@@ -170,3 +170,20 @@ def test_topoctl_allocate_and_run_take_cpus_and_near(guest, capsys):
         allowed = re.search(r"Cpus_allowed_list:\s*(\S+)", done.stdout).group(1)
         assert parse_cpulist(allowed) == [leased]
     assert client.leases() == [], "the lease ends with the command"
+
+
+def test_a_waiting_cpu_lease_is_served_when_cpus_free_and_says_cpus_when_it_times_out(guest):
+    import threading
+
+    daemon = guest()
+    client = daemon.start()
+    held = [client.allocate(0, cpus=1, near="nvme1") for _ in range(2)]
+    late = refused(lambda: client.allocate(0, cpus=1, near="nvme1", wait=0.3))
+    assert late.code == "wait_timeout" and "no CPUs became available" in str(late)
+    got: list = []
+    waiter = threading.Thread(target=lambda: got.append(client.allocate(0, cpus=1, near="nvme1", wait=20)))
+    waiter.start()
+    assert _until(lambda: client.health()["waiting"] == 1)
+    client.release(held[0]["id"])
+    waiter.join(30)
+    assert got and got[0]["cpus"] == held[0]["cpus"], "the queue grants the freed CPU"
