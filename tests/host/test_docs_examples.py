@@ -121,7 +121,7 @@ def test_the_nic_example_is_what_allocate_prints_on_the_demo_host(readonly_host,
 
 @pytest.fixture(scope="module")
 def doctor_scene(tmp_path_factory):
-    """The demo host with its 8-rank job, as `python3 -m topod.hostspec.doctor_scene DIR`
+    """The demo host with its 8-rank job, as `python -m topod.hostspec.doctor_scene DIR`
     writes it (the pages' first command)."""
     from topod.hostspec.doctor_scene import build_demo
 
@@ -164,3 +164,20 @@ def test_the_doctor_example_is_what_doctor_prints(doctor_scene, capsys):
         assert line in printed[position:], f"doctor does not print (here): {line}"
         position = printed.index(line, position) + 1
     assert shown[:4] == printed[:4], "the page shows the first lines whole"
+
+
+def test_the_topology_document_table_lists_every_key_topod_writes(readonly_host):
+    from topod.topojson import topology_to_json
+
+    host, topology = readonly_host("h800-8gpu")
+    document = topology_to_json(topology)
+    page = (REPO / "docs" / "api.md").read_text()
+    table = page[page.index("## The topology document"):page.index("## Errors")]
+    rows = dict(re.findall(r"^\| `(\w+)(?:\[\])?` \| (.*) \|$", table, re.M))
+    assert set(rows) == set(document), "the table's rows are the document's top-level keys"
+    for key, cell in rows.items():
+        listed = re.findall(r"`(\w+)`", cell)
+        value = document[key]
+        item = value[0] if isinstance(value, list) and value else value
+        if listed and isinstance(item, dict):
+            assert set(listed) == set(item), f"{key}: listed {sorted(listed)}, written {sorted(item)}"
