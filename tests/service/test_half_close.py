@@ -202,18 +202,41 @@ def test_a_partial_request_behind_a_waiting_grant_then_a_half_close_gets_only_th
     assert [held["id"] for held in client.leases()] == [granted["id"]], "the whole one granted, the cut one not"
 
 
-def _hold_all_and_queue(running, client) -> tuple[dict, socket.socket]:
+def _hold_all_and_queue(running, client, path: str = "lean") -> tuple[dict, socket.socket]:
+    """All 8 GPUs held, and a grant waiting for one on its own connection: sent whole
+    (the lean path) or head then body (aiohttp's)."""
     holder = client.allocate(8, level="any", cpus_per_gpu=0)
     body = _grant_body(wait=30)
     sock = _connect(running.socket)
-    sock.sendall(_post_head("1.1", body) + body)
+    if path == "lean":
+        sock.sendall(_post_head("1.1", body) + body)
+    else:
+        sock.sendall(_post_head("1.1", body))
+        time.sleep(0.1)
+        sock.sendall(body)
     _wait_for(lambda: client.health()["waiting"] == 1)
     return holder, sock
 
 
-def test_a_client_that_closes_while_waiting_has_its_request_withdrawn(daemon):
+def test_a_half_closed_waiting_grant_on_aiohttps_path_is_granted_when_gpus_free_up(daemon):
     running, client = daemon
-    holder, sock = _hold_all_and_queue(running, client)
+    holder, sock = _hold_all_and_queue(running, client, "aiohttp")
+    with sock:
+        sock.shutdown(socket.SHUT_WR)
+        time.sleep(1.5)  # a reaper pass must not take it for gone
+        assert client.health()["waiting"] == 1
+        client.release(holder["id"])
+        [(status, grant)] = _answers(_read_to_eof(sock))
+    assert status == 201
+    lease = json.loads(grant)
+    assert [held["id"] for held in client.leases()] == [lease["id"]]
+    assert client.lease(lease["id"])["confirmed"] is True
+
+
+@pytest.mark.parametrize("path", ["lean", "aiohttp"])
+def test_a_client_that_closes_while_waiting_has_its_request_withdrawn(daemon, path):
+    running, client = daemon
+    holder, sock = _hold_all_and_queue(running, client, path)
     sock.close()
     _wait_for(lambda: client.health()["waiting"] == 0)
     client.release(holder["id"])
@@ -222,9 +245,10 @@ def test_a_client_that_closes_while_waiting_has_its_request_withdrawn(daemon):
     assert client.health()["gpus_free"] == 8
 
 
-def test_a_half_closed_client_that_then_closes_while_waiting_has_its_request_withdrawn(daemon):
+@pytest.mark.parametrize("path", ["lean", "aiohttp"])
+def test_a_half_closed_client_that_then_closes_while_waiting_has_its_request_withdrawn(daemon, path):
     running, client = daemon
-    holder, sock = _hold_all_and_queue(running, client)
+    holder, sock = _hold_all_and_queue(running, client, path)
     sock.shutdown(socket.SHUT_WR)
     time.sleep(0.3)
     assert client.health()["waiting"] == 1  # half-closed: still waiting for its answer
@@ -235,9 +259,10 @@ def test_a_half_closed_client_that_then_closes_while_waiting_has_its_request_wit
     assert client.leases() == [], "no lease for a client that hung up"
 
 
-def test_a_half_closed_client_gone_when_its_grant_comes_leaves_no_lease(daemon):
+@pytest.mark.parametrize("path", ["lean", "aiohttp"])
+def test_a_half_closed_client_gone_when_its_grant_comes_leaves_no_lease(daemon, path):
     running, client = daemon
-    holder, sock = _hold_all_and_queue(running, client)
+    holder, sock = _hold_all_and_queue(running, client, path)
     sock.shutdown(socket.SHUT_WR)
     time.sleep(0.3)
     sock.close()
