@@ -106,3 +106,14 @@ def test_a_kept_verdict_is_a_fresh_error_each_time(h800):
     first = impossibility(*h800, Request(gpus=1, cpus_per_gpu=64))
     second = impossibility(*h800, Request(gpus=1, cpus_per_gpu=64))
     assert first is not second and str(first) == str(second) and type(first) is type(second)
+
+
+def test_labels_and_priorities_share_one_kept_verdict(h800):
+    from topod.alloc.hostview import host_view
+
+    topology, distances = h800
+    kept = host_view(topology, distances).cache.setdefault("never", {})
+    kept.clear()
+    for job, priority in (("a", 0), ("b", 5), (None, -3)):
+        assert impossibility(topology, distances, Request(gpus=9, job=job, priority=priority)) is not None
+    assert len(kept) == 1, "a job label cannot make the daemon decide the empty host again"

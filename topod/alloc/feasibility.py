@@ -29,7 +29,7 @@ CPUs and policy, so a request the queue asks about again costs a lookup.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from topod.alloc.cores import node_capacity, node_cores
 from topod.alloc.coretables import view_core_map
@@ -68,6 +68,8 @@ def impossibility(topology: Topology, distances: DistanceModel, request: Request
     the empty host could grant it. See the module docstring."""
     view = host_view(topology, distances)
     reserved = frozenset(reserved_cpus)
+    # What a request is called and how urgent it is change no verdict: one kept per shape.
+    request = replace(request, job=None, priority=0, preemptible=False)
     key = (request, reserved, policy)
     kept = view.cache.setdefault("never", {})
     try:
