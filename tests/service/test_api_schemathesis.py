@@ -41,6 +41,7 @@ NEGATIVE_STATUSES = ["400", "403", "404", "405", "413", "415", "5xx"]
 # cannot know (a GPU, link or process that is not there), and rules across fields that
 # JSON Schema cannot state (each says so in the document's descriptions).
 HOST_FACTS = {"unknown_gpu": ("",),
+              "unknown_device": ("",),  # a lease's near naming a device or node this host has not
               "invalid_telemetry": ("unknown link", "no GPU", "two different devices", "plausible"),
               "invalid_request": ("no process", "but the request is for", "lists a GPU twice")}
 SEED = 20240611
