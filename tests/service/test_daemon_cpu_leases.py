@@ -187,3 +187,17 @@ def test_a_waiting_cpu_lease_is_served_when_cpus_free_and_says_cpus_when_it_time
     client.release(held[0]["id"])
     waiter.join(30)
     assert got and got[0]["cpus"] == held[0]["cpus"], "the queue grants the freed CPU"
+
+
+def test_system_slices_leave_a_cpu_leases_cpus_and_get_them_back(systemd, daemon_factory, tmp_path):
+    config = ('[irq]\nmode = "off"\n[probe]\nenabled = false\n'
+              '[isolate]\nsystem = true\nmethod = "cgroup"\ninterval_seconds = 1.0\n')
+    daemon = daemon_factory(config=config, env={"DBUS_SYSTEM_BUS_ADDRESS": systemd.address},
+                            root=build_host(GUEST, tmp_path / "isolated-guest"))
+    client = daemon.start()
+    units = ("system.slice", "user.slice", "init.scope")
+    lease = client.allocate(0, cpus=1, near="nvme1")
+    housekeeping = tuple(sorted({0, 1, 2, 3} - set(lease["cpus"])))
+    assert _until(lambda: all(systemd.allowed.get(u) == housekeeping for u in units), 20), systemd.allowed
+    client.release(lease["id"])
+    assert _until(lambda: all(systemd.allowed.get(u) == () for u in units), 20), systemd.allowed
