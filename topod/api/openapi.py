@@ -2,8 +2,11 @@
 
 It says exactly what the server takes: the bounds come from the same constants and
 RequestLimits the validators use (the served document follows the running config), and
-every status an operation can return is listed, errors with the Error schema. Checked by
-openapi-spec-validator and fuzzed by schemathesis (tests/service/test_api_schemathesis.py).
+every status an operation can return is listed, errors with the Error schema, each
+described by the codes the server gives it (topod.api.answers.STATUS_OF_CODE). Checked by
+openapi-spec-validator, fuzzed by schemathesis (tests/service/test_api_schemathesis.py),
+and held to the routes' code by tests/unit/test_openapi_statuses.py, which walks each
+handler for the errors it can raise.
 """
 
 from __future__ import annotations
@@ -12,35 +15,61 @@ from typing import Any
 
 from topod import __version__
 from topod.alloc.service_request import RequestLimits
-from topod.api.body import DEFAULT_MAX_BYTES, MAX_DEPTH
+from topod.api.answers import STATUS_OF_CODE, status_of
+from topod.api.body import (DEFAULT_MAX_BYTES, MAX_DEPTH, BodyStalledError, PayloadTooLargeError,
+                            UnsupportedMediaTypeError)
+from topod.api.peer import PeerDeniedError
 from topod.api.schemas import (
     DECISION, ENDED, ERROR, HEALTH, IRQS, LEASE, PLACEMENT, RELOAD_VERDICT, SCOPE_ANSWER, TELEMETRY,
     lease_request, renew_request, scope_request,
 )
+from topod.errors import InvalidJsonError
 
-ERROR_DESCRIPTIONS = {
-    400: "invalid_json, invalid_request, unknown_gpu, unknown_device, invalid_telemetry",
-    403: "permission_denied",
-    404: "lease_not_found",
-    408: "request_timeout: the body stalled for [api] idle_timeout_seconds; the connection is closed",
-    409: "insufficient_gpus, insufficient_cpus, insufficient_nics, level_unreachable, gpu_already_leased, wait_timeout, "
-         "uid_quota and group_quota ([alloc] max_gpus_per_uid, max_gpus_per_group: with held, asked and cap); "
+# What a status means beyond its codes (which come from the server's own table,
+# topod.api.answers.STATUS_OF_CODE, so a new code is documented with its status).
+ERROR_NOTES = {
+    400: "a body or field the server refuses (the message names it), or a request that is not HTTP the "
+         "server can parse: a request line or header over 8190 bytes, a bad chunk (invalid_request)",
+    403: "the caller may not do this: a root-only operation, another uid's lease, telemetry for a link "
+         "outside the caller's leases, not root nor a member of [daemon] group, or credentials that "
+         "cannot be read",
+    404: "no lease with that id",
+    408: "the body stalled for [api] idle_timeout_seconds; the connection is closed",
+    409: "uid_quota and group_quota: [alloc] max_gpus_per_uid, max_gpus_per_group, with held, asked and cap; "
          "retryable false when no release could ever let the request through",
-    413: "payload_too_large: the body exceeds [api] max_body_bytes",
-    415: "unsupported_media_type: a Content-Type charset other than UTF-8",
-    429: "queue_full; too_many_streams (GET /v1/events beyond [api] max_event_streams_per_uid)",
-    500: "internal_error (or another server fault), with a request_id the daemon log carries",
-    503: "unavailable (a feature switched off, or still setting up after start, or no systemd to make a "
-         "scope: the message says which), too_many_connections ([api] max_connections, max_connections_per_uid, "
-         "root_reserved_connections)",
+    413: "the body exceeds [api] max_body_bytes",
+    415: "a Content-Type charset other than UTF-8",
+    429: "too_many_streams: GET /v1/events beyond [api] max_event_streams_per_uid",
+    500: "a fault of the server, with a request_id the daemon log carries",
+    503: "too_many_connections: the connection was refused at admission ([api] max_connections, "
+         "max_connections_per_uid, root_reserved_connections, or a descriptor limit lower than they "
+         "need); unavailable: a feature switched off, still setting up after start, or no systemd to "
+         "make a scope (the message says which)",
+    507: "state_disk_full: the state directory is nearly full; grants are refused, releases still go through",
 }
+# Any request may be unparsable HTTP (400), meet a fault (500) or be refused at admission
+# by the connection gate (503), whatever its operation.
+ANY_OPERATION = (400, 500, 503)
+# Every operation that reads a body: the body's own errors (topod.api.body), by the status
+# the server gives their codes.
+BODY_ERRORS = tuple(sorted({status_of(error.code) for error in (
+    InvalidJsonError, PayloadTooLargeError, BodyStalledError, UnsupportedMediaTypeError)}))
+# Every operation that asks who the caller is: credentials that cannot be read, and the
+# caller's authorization (root only, owner or root, member of the group).
+CALLER_ERRORS = (status_of(PeerDeniedError.code),)
+
+
+def error_description(status: int) -> str:
+    codes = [code for code, given in STATUS_OF_CODE.items() if given == status]
+    note = ERROR_NOTES.get(status)
+    return "; ".join(part for part in (", ".join(codes), note) if part)
 
 
 def _errors(*codes: int) -> dict:
-    """The listed error statuses plus 500 and 503, which any operation can return."""
-    return {str(code): {"description": ERROR_DESCRIPTIONS[code],
+    """The listed error statuses plus ANY_OPERATION's, which any operation can return."""
+    return {str(code): {"description": error_description(code),
                         "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
-            for code in sorted({*codes, 500, 503})}
+            for code in sorted({*codes, *ANY_OPERATION})}
 
 
 def _json(schema: dict, description: str) -> dict:
@@ -60,7 +89,7 @@ LEASE_ID = [{"name": "id", "in": "path", "required": True, "schema": {"type": "s
 
 def openapi_document(limits: RequestLimits | None = None, *, max_body_bytes: int = DEFAULT_MAX_BYTES) -> dict[str, Any]:
     limits = limits if limits is not None else RequestLimits()
-    body_errors = (400, 408, 413, 415)
+    body_errors = BODY_ERRORS
     return {
         "openapi": "3.1.0",
         "info": {
@@ -88,7 +117,7 @@ def openapi_document(limits: RequestLimits | None = None, *, max_body_bytes: int
                 "post": {"summary": "allocate GPUs", "operationId": "allocate",
                          "requestBody": _body(_ref("LeaseRequest"), True),
                          "responses": {"201": _json(_ref("Lease"), "granted"),
-                                       **_errors(*body_errors, 403, 409, 429)}},
+                                       **_errors(*body_errors, *CALLER_ERRORS, 409, 429, 507)}},
             },
             "/v1/leases/{id}": {
                 "parameters": LEASE_ID,
@@ -97,20 +126,21 @@ def openapi_document(limits: RequestLimits | None = None, *, max_body_bytes: int
                 "delete": {"summary": "release (owner or root)", "operationId": "release",
                            "responses": {"200": _json({**ENDED, "required": ["released", "gpus"], "properties": {
                                **ENDED["properties"], "released": {"type": "string"}}}, "released"),
-                               **_errors(403, 404)}},
+                               **_errors(*CALLER_ERRORS, 404)}},
             },
             "/v1/leases/{id}/renew": {
                 "parameters": LEASE_ID,
                 "post": {"summary": "extend the ttl (owner or root)", "operationId": "renew",
                          "requestBody": _body(renew_request(limits), False),
-                         "responses": {"200": _json(_ref("Lease"), "renewed"), **_errors(*body_errors, 403, 404)}},
+                         "responses": {"200": _json(_ref("Lease"), "renewed"),
+                                       **_errors(*body_errors, *CALLER_ERRORS, 404)}},
             },
             "/v1/leases/{id}/revoke": {
                 "parameters": LEASE_ID,
                 "post": {"summary": "revoke (root only)", "operationId": "revoke",
                          "responses": {"200": _json({**ENDED, "required": ["revoked", "gpus"], "properties": {
                              **ENDED["properties"], "revoked": {"type": "string"}}}, "revoked"),
-                             **_errors(403, 404)}},
+                             **_errors(*CALLER_ERRORS, 404)}},
             },
             "/v1/leases/{id}/scope": {
                 "parameters": LEASE_ID,
@@ -119,7 +149,7 @@ def openapi_document(limits: RequestLimits | None = None, *, max_body_bytes: int
                          "operationId": "placeInScope",
                          "requestBody": _body(scope_request(limits), True),
                          "responses": {"200": _json(SCOPE_ANSWER, "placed"),
-                                       **_errors(*body_errors, 403, 404)}},
+                                       **_errors(*body_errors, *CALLER_ERRORS, 404)}},
             },
             "/v1/events": {"get": {"summary": "event stream, one JSON object per line", "operationId": "events",
                                    "responses": {"200": {"description": "events", "content": {
@@ -131,13 +161,13 @@ def openapi_document(limits: RequestLimits | None = None, *, max_body_bytes: int
             "/v1/telemetry": {"post": {"summary": "a job's observed transfer", "operationId": "telemetry",
                                        "requestBody": _body(_ref("Telemetry"), True),
                                        "responses": {"202": _json({"type": "object"}, "accepted"),
-                                                     **_errors(*body_errors)}}},
+                                                     **_errors(*body_errors, *CALLER_ERRORS)}}},
             "/v1/reload": {"post": {"summary": "reload the config file and answer the verdict (root only; "
                                                "`topoctl reload`, the unit's ExecReload=)",
                                     "operationId": "reload",
                                     "responses": {"200": _json(RELOAD_VERDICT, "applied: the new config runs; "
                                                                "refused: the running config is kept, reason says why"),
-                                                  **_errors(403)}}},
+                                                  **_errors(*CALLER_ERRORS)}}},
             "/v1/openapi.json": {"get": {"summary": "this document", "operationId": "openapi",
                                          "responses": {"200": _json({"type": "object"}, "OpenAPI 3.1"),
                                                        **_errors()}}},
