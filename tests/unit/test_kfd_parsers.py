@@ -146,3 +146,15 @@ def test_a_nested_switch_is_still_a_switch():
     ports = switch_upstream_ports(nested)
     assert ports == {"0000:11:00.0", "0000:13:00.0"}
     assert device_bridge_ports(nested, ports) == set()  # two devices below: a real switch
+
+
+def test_prometheus_gpu_info_labels_vendor_and_model():
+    from topod.export.metrics import render_metrics
+
+    text = render_metrics({"gpu_info": [{"index": 0, "address": "0000:15:00.0", "vendor": "amd",
+                                         "model": "AMD Instinct MI300X"},
+                                        {"index": 1, "address": "0000:13:00.0", "vendor": "nvidia",
+                                         "model": "NVIDIA H800"}]})
+    assert ('topod_gpu_info{address="0000:15:00.0",gpu="0",model="AMD Instinct MI300X",vendor="amd"} 1.0'
+            in text)
+    assert 'vendor="nvidia"' in text

@@ -143,6 +143,19 @@ def _nvlink_domain(value: Mapping[str, Any]) -> Iterator[object]:
     yield family
 
 
+def _gpu_info(value: list[Mapping[str, object]]) -> Iterator[object]:
+    """topod_gpu_info{gpu,address,vendor,model} 1 per GPU: join it on `gpu` to label any GPU
+    series by vendor and model (mixed NVIDIA and AMD hosts alike)."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    family = GaugeMetricFamily(PREFIX + "gpu_info", "each GPU's vendor and model",
+                               labels=["gpu", "address", "vendor", "model"])
+    for gpu in value:
+        family.add_metric([str(gpu.get("index")), str(gpu.get("address")), str(gpu.get("vendor") or ""),
+                           str(gpu.get("model") or "")], 1.0)
+    yield family
+
+
 def _gpus(value: Mapping[str, object]) -> Iterator[object]:
     from prometheus_client.core import GaugeMetricFamily
 
@@ -330,5 +343,6 @@ _SECTIONS = {
     "probe": _probe,
     "nvlink_domain": _nvlink_domain,
     "gpu_caps": _gpu_caps,
+    "gpu_info": _gpu_info,
 }
 _REQUEST_FORMS = ("requests", "requests_by_result_reason", "requests_by_result")

@@ -29,6 +29,9 @@ def metrics_snapshot(daemon) -> dict:
         from topod.alloc.nics import nic_ports_by_state
 
         snapshot["nics_by_state"] = nic_ports_by_state(daemon.topology, alloc.leased_nics())
+    if daemon.topology.gpus:
+        snapshot["gpu_info"] = [{"index": gpu.index, "address": gpu.address, "vendor": gpu.vendor, "model": gpu.model}
+                                for gpu in daemon.topology.gpus]
     from topod.discover.fabric import nvlink_domain
 
     domain = nvlink_domain(daemon.topology.gpus)
