@@ -33,8 +33,8 @@ from topod.api.half_close import aiohttp_request_in_hand, peer_gone
 from topod.api.peer import peer_uid
 from topod.api.server import routes
 from topod.config import Config, parse_listen_address
-from topod.service.connection_gate import (ACCEPT_BATCH, LINGER_BUDGET, REFUSAL, REFUSAL_LINGER_SECONDS, REFUSALS,
-                                          RESERVED_DESCRIPTORS, ConnectionGate, descriptor_limit)
+from topod.service.connection_gate import (ACCEPT_BATCH, REFUSAL, REFUSAL_LINGER_SECONDS, REFUSALS, ConnectionGate,
+                                          asyncio_workers, descriptor_limit, own_descriptors)
 
 log = structlog.get_logger("topod")
 
@@ -110,8 +110,8 @@ def _drop_pending_input(transport: asyncio.BaseTransport) -> None:
 class GatedRequestHandler(RequestHandler):
     """aiohttp's connection protocol, counted by a ConnectionGate: one over the limit (or
     over its uid's share) gets a 503 without any of its bytes being parsed, and is closed
-    after the client's EOF (at most REFUSAL_LINGER_SECONDS, at most LINGER_BUDGET such
-    connections at once) or, in a flood, at once: refused connections never hold more
+    after the client's EOF (at most REFUSAL_LINGER_SECONDS, at most the gate's linger_budget
+    such connections at once) or, in a flood, at once: refused connections never hold more
     than a handful of descriptors. An internal connection (the daemon's self-check) is
     admitted outside the count."""
 
@@ -138,14 +138,14 @@ class GatedRequestHandler(RequestHandler):
 
     def refuse(self, transport: asyncio.BaseTransport, uid: int | None) -> None:
         """The gate refused this connection: its 503, then a close after the client's EOF
-        (at most REFUSAL_LINGER_SECONDS) or, beyond LINGER_BUDGET lingering, at once."""
+        (at most REFUSAL_LINGER_SECONDS) or, beyond the gate's linger_budget, at once."""
         self._uid = uid
         self._admitted = False
         why = self._gate.last_refusal[1] if self._gate.last_refusal else "too_many_connections"
         transport.write(REFUSALS.get(why, REFUSAL))  # type: ignore[attr-defined]
         if transport.can_write_eof():  # type: ignore[attr-defined]
             transport.write_eof()  # type: ignore[attr-defined]
-        if self._gate.lingering < LINGER_BUDGET:
+        if self._gate.lingering < self._gate.linger_budget:
             self._gate.lingering += 1
             self._lingering = True
             self._refused = transport
@@ -329,8 +329,10 @@ async def serve(daemon, config: Config, listen: socket.socket | None = None) -> 
         except (KeyError, TypeError, ValueError):
             return default
 
+    own = own_descriptors(gpus=len(daemon.state.topology.gpus), workers=asyncio_workers())
     gate = ConnectionGate(configured, descriptor_limit(), per_uid=lambda: api_int("max_connections_per_uid", 64),
-                          root_reserve=lambda: api_int("root_reserved_connections", 16))
+                          root_reserve=lambda: api_int("root_reserved_connections", 16),
+                          own_descriptors=sum(own.values()))
     daemon.api_gate = gate
     runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=2.0, handler_cancellation=True,
                            **handler_kwargs)
@@ -340,10 +342,9 @@ async def serve(daemon, config: Config, listen: socket.socket | None = None) -> 
     site = GatedSockSite(runner, listen, gate, handler_kwargs, backend=daemon)
     await site.start()
     daemon.api_site = site
-    if gate.ceiling < configured():
-        log.warning("max_connections_lowered", configured=configured(), max_connections=gate.ceiling,
-                    descriptor_limit=gate.nofile, reason=f"{RESERVED_DESCRIPTORS} descriptors stay reserved")
-    log.info("api_listening", where=where, max_connections=gate.ceiling, idle_timeout_seconds=idle)
+    gate.log_budget()
+    log.info("api_listening", where=where, max_connections=gate.ceiling, root_reserved=gate.reserve,
+             per_uid=gate.share, idle_timeout_seconds=idle)
     return runner
 
 
