@@ -158,3 +158,74 @@ def test_a_full_state_disk_refuses_grants_before_releases_and_health_says_so_unt
     daemon.stop(signal.SIGKILL)
     client = daemon.start()
     assert sorted(lease["id"] for lease in client.leases()) == sorted(told)
+
+
+@pytest.fixture()
+def freezable_disk(tmp_path):
+    """A 32 MiB ext4 on a loop device that fsfreeze can stop (root only: skipped elsewhere)."""
+    import subprocess
+
+    image, mount = tmp_path / "disk.img", tmp_path / "freezable"
+    mount.mkdir()
+    if os.geteuid() != 0 or shutil.which("fsfreeze") is None or shutil.which("mkfs.ext4") is None:
+        pytest.skip("a frozen filesystem needs root, fsfreeze and mkfs.ext4")
+    with open(image, "wb") as out:
+        out.truncate(32 << 20)
+    made = subprocess.run(["mkfs.ext4", "-q", str(image)], capture_output=True, text=True)
+    mounted = made.returncode == 0 and subprocess.run(["mount", "-o", "loop", str(image), str(mount)],
+                                                      capture_output=True).returncode == 0
+    if not mounted:
+        pytest.skip(f"cannot loop-mount an ext4 here: {made.stderr.strip()}")
+    yield mount
+    subprocess.run(["fsfreeze", "-u", str(mount)], capture_output=True)
+    subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+def test_a_frozen_state_disk_never_stops_health_or_the_watchdog_and_health_says_the_write_stalled(
+        daemon_factory, freezable_disk, tmp_path):
+    """The state dir's filesystem frozen for 8 s right after fast commits: health answers
+    within a second throughout, the watchdog keeps pinging, health says the lease write is
+    stalled, and the grant caught in the freeze is answered 201 once the disk thaws."""
+    import subprocess
+    import threading
+    import time
+
+    from tests.service.daemon_scenario import NotifyListener
+
+    notify = NotifyListener(tmp_path / "notify.sock")
+    daemon = daemon_factory(config=None, env={"NOTIFY_SOCKET": notify.path, "WATCHDOG_USEC": "1000000"})
+    daemon.state = str(freezable_disk / "state")
+    client = daemon.start()
+    for _ in range(4):  # fast commits first: once they made the loop write a lone change itself
+        client.release(client.allocate(1, level="any", cpus_per_gpu=0)["id"])
+    outcome: dict = {}
+
+    def grant() -> None:
+        try:
+            outcome["lease"] = client.allocate(1, level="any", cpus_per_gpu=0)
+        except Exception as exc:  # noqa: BLE001 - the test reports it
+            outcome["error"] = exc
+
+    subprocess.run(["fsfreeze", "-f", str(freezable_disk)], check=True)
+    try:
+        frozen_at = time.monotonic()
+        caught = threading.Thread(target=grant, daemon=True)
+        caught.start()
+        slowest, reasons = 0.0, []
+        while time.monotonic() - frozen_at < 8.0:
+            asked = time.monotonic()
+            health = client.health()
+            slowest = max(slowest, time.monotonic() - asked)
+            reasons += health["degraded"]
+            time.sleep(0.2)
+        pings = notify.pings_since(frozen_at)
+    finally:
+        subprocess.run(["fsfreeze", "-u", str(freezable_disk)], check=True)
+    caught.join(timeout=15)
+    notify.close()
+    assert slowest < 1.0, f"health took {slowest:.2f} s during the freeze"
+    assert pings >= 10, f"{pings} watchdog pings in 8 s (every 0.5 s expected)"
+    assert any("lease write stalled for" in reason for reason in reasons), reasons
+    assert "lease" in outcome, outcome
+    assert outcome["lease"]["id"] in {lease["id"] for lease in client.leases()}
+    assert _until(lambda: client.health()["status"] == "ok"), client.health()["degraded"]
