@@ -227,6 +227,7 @@ class GroupCommitWriter:
     # -- the writer thread ------------------------------------------------------------
     def _run(self) -> None:
         while True:
+            recheck_space = False
             with self._cond:
                 while not self._urgent and not self._closing:
                     wait = LOW_SPACE_RECHECK_SECONDS if self.space_low else None  # else until a change comes
@@ -236,14 +237,20 @@ class GroupCommitWriter:
                             break
                     self._idle = True
                     if not self._cond.wait(wait) and self.space_low and not self._pending:
-                        self._idle = False
-                        self._check_space()
+                        recheck_space = True  # outside _cond: the loop takes it to queue a change
+                        break
                 self._idle = False
                 batch, self._pending = self._pending, []
                 self._urgent, self._lazy_deadline = 0, None
                 if not batch and self._closing:
                     return
-                self._db_lock.acquire()
+                if not batch and recheck_space:
+                    batch = None
+                else:
+                    self._db_lock.acquire()
+            if batch is None:
+                self._check_space()
+                continue
             try:
                 self._commit(batch)
             finally:
@@ -383,9 +390,10 @@ class GroupCommitWriter:
         problems = []
         if self.lost is not None:
             problems.append(self.lost)
-        if self._failing:
+        failing = dict(self._failing)  # the writer thread changes it
+        if failing:
             problems.append("lease writes failing: " + "; ".join(f"{kind}: {error}"
-                                                               for kind, error in sorted(self._failing.items())))
+                                                               for kind, error in sorted(failing.items())))
         if self.space_low is not None:
             problems.append(f"grants refused: {self.space_low}")
         since = self._writing_since
