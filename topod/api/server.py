@@ -18,7 +18,7 @@ from topod.api.answers import HTTP_CODES, dumps, error_document, error_response,
 from topod.api.body import DEFAULT_MAX_BYTES, BodyStalledError, PayloadTooLargeError, parse_body
 from topod.api.half_close import peer_gone
 from topod.api.peer import PeerDeniedError, caller_async, peer_credentials, peer_uid
-from topod.errors import TopodError
+from topod.errors import TopodError, UnavailableError
 
 
 class Backend(Protocol):
@@ -161,8 +161,6 @@ async def read_json(request: web.Request, *, optional: bool = False) -> Any:
 
 
 def routes(backend: Backend) -> web.Application:
-    from topod.api.scope_route import place_in_scope
-
     # read_body enforces [api] max_body_bytes per request (it follows a reload); this is
     # only aiohttp's own ceiling for request.read(), which nothing here calls.
     app = web.Application(middlewares=[errors_as_json], client_max_size=64 * 1024 * 1024)
@@ -266,6 +264,19 @@ async def revoke_lease(request: web.Request) -> web.Response:
     backend = request.app[BACKEND]
     lease = await backend.alloc.revoke(request.match_info["id"], await caller(request))
     return json_response({"revoked": lease.id, "gpus": list(lease.gpus)})
+
+
+async def place_in_scope(request: web.Request) -> web.Response:
+    """POST /v1/leases/{id}/scope {"pid": N}: a local scheduler puts a process it started
+    in its lease's systemd scope (topod.service.lease_scope says who may, and what the
+    answer claims)."""
+    backend = request.app[BACKEND]
+    who = await caller(request)
+    body = await read_json(request)
+    scopes = getattr(backend, "scopes", None)
+    if scopes is None:  # a backend without scopes (tools, tests of parts)
+        raise UnavailableError("this server places no process in a scope")
+    return json_response(await scopes.place(request.match_info["id"], body, who))
 
 
 class TooManyStreamsError(TopodError):
