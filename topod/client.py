@@ -23,6 +23,24 @@ _MAX_HEADER_BYTES = 65536
 MAX_WAIT_TIMEOUT_SECONDS = 1e8  # ~3 years: far beyond any [alloc] max_wait_seconds, well within time_t
 
 
+# What a lease id is (topod.service.lease.new_id writes 16 lowercase hex digits; a
+# waiting request's id is 12): topoctl checks a typed id against it before asking.
+LEASE_ID_DIGITS = "0123456789abcdef"
+LEASE_ID_MAX = 64
+_UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_~")
+
+
+def is_lease_id(text: str) -> bool:
+    return 0 < len(text) <= LEASE_ID_MAX and all(ch in LEASE_ID_DIGITS for ch in text)
+
+
+def path_segment(text: str) -> str:
+    """`text` as one URL path segment: every byte but letters, digits, -, _ and ~
+    percent-escaped ('.' too: `..` must not climb to another route, `?` must not start a
+    query), so the daemon is asked about exactly what was named."""
+    return "".join(chr(byte) if byte in _UNRESERVED else f"%{byte:02X}" for byte in text.encode("utf-8"))
+
+
 def default_socket() -> str:
     return os.environ.get("TOPOD_SOCKET") or DEFAULT_SOCKET
 
@@ -218,22 +236,22 @@ class Client:
         return self.request("GET", "/v1/leases")["leases"]
 
     def lease(self, lease_id: str) -> dict:
-        return self.request("GET", f"/v1/leases/{lease_id}")
+        return self.request("GET", f"/v1/leases/{path_segment(lease_id)}")
 
     def release(self, lease_id: str) -> dict:
-        return self.request("DELETE", f"/v1/leases/{lease_id}")
+        return self.request("DELETE", f"/v1/leases/{path_segment(lease_id)}")
 
     def revoke(self, lease_id: str) -> dict:
         """Root only: end any lease (403 permission_denied for anyone else)."""
-        return self.request("POST", f"/v1/leases/{lease_id}/revoke")
+        return self.request("POST", f"/v1/leases/{path_segment(lease_id)}/revoke")
 
     def place_in_scope(self, lease_id: str, pid: int) -> dict:
         """Put process `pid` in the lease's systemd scope (POST /v1/leases/{id}/scope)."""
-        return self.request("POST", f"/v1/leases/{lease_id}/scope", {"pid": pid})
+        return self.request("POST", f"/v1/leases/{path_segment(lease_id)}/scope", {"pid": pid})
 
     def renew(self, lease_id: str, ttl_seconds: float | None = None) -> dict:
         body = {} if ttl_seconds is None else {"ttl_seconds": ttl_seconds}
-        return self.request("POST", f"/v1/leases/{lease_id}/renew", body)
+        return self.request("POST", f"/v1/leases/{path_segment(lease_id)}/renew", body)
 
     def events(self) -> Iterator[dict]:
         """The event stream, one dict per event, until the daemon closes it."""

@@ -232,25 +232,31 @@ def _allocate(p: argparse.ArgumentParser) -> None:
 
 
 def _release(p: argparse.ArgumentParser) -> None:
-    p.add_argument("lease", help="lease id")
+    from topod.cli.option_values import lease_id
+
+    p.add_argument("lease", type=lease_id, help="lease id")
     _handler(p, "topod.cli.lease_cmd:run_release")
 
 
 def _revoke(p: argparse.ArgumentParser) -> None:
-    p.add_argument("lease", help="lease id")
+    from topod.cli.option_values import lease_id
+
+    p.add_argument("lease", type=lease_id, help="lease id")
     _handler(p, "topod.cli.lease_cmd:run_revoke")
 
 
 def _scope(p: argparse.ArgumentParser) -> None:
-    p.add_argument("lease", help="lease id")
+    from topod.cli.option_values import lease_id
+
+    p.add_argument("lease", type=lease_id, help="lease id")
     p.add_argument("pid", type=int, help="a running process of yours (or a descendant); root: any")
     _handler(p, "topod.cli.lease_cmd:run_scope")
 
 
 def _renew(p: argparse.ArgumentParser) -> None:
-    from topod.cli.option_values import seconds
+    from topod.cli.option_values import lease_id, seconds
 
-    p.add_argument("lease", help="lease id")
+    p.add_argument("lease", type=lease_id, help="lease id")
     p.add_argument("--ttl", type=seconds, default=None, metavar="SECONDS", help="new ttl (default: the lease's)")
     _handler(p, "topod.cli.lease_cmd:run_renew")
 

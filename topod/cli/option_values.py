@@ -68,3 +68,15 @@ def cpus_per_gpu(text: str) -> int | str:
     if value < 0:
         raise argparse.ArgumentTypeError("must be >= 0")
     return value
+
+
+def lease_id(text: str) -> str:
+    """A lease id as the daemon writes them (hex digits, `topoctl leases` lists them);
+    anything else (`../health`, `ab?x=1`, blanks) is a usage error, never sent."""
+    from topod.client import LEASE_ID_MAX, is_lease_id
+
+    if not is_lease_id(text.lower()):
+        raise argparse.ArgumentTypeError(
+            f"not a lease id: {text!r} (a lease id is hex digits, at most {LEASE_ID_MAX}, "
+            "e.g. 9436932d016188cc: see topoctl leases)")
+    return text.lower()
