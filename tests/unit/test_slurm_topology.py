@@ -8,9 +8,8 @@ import re
 import pytest
 
 from topod.errors import ConfigError
-from topod.export.slurm_blocks import base_block_size
-from topod.export.slurm_topology import (build_topology_conf, host_entry, parse_block_sizes, parse_slurm_version,
-                                         render_topology_conf)
+from topod.export.slurm_topology import (base_block_size, build_topology_conf, host_entry, parse_block_sizes,
+                                         parse_slurm_version, render_topology_conf)
 
 # topology.conf(5): Key=Value pairs per line; block plugin: BlockName= Nodes=, BlockSizes=
 # (24.05+) or BlockLevels= (23.11); tree plugin: SwitchName= with Nodes= or Switches=, never both.
