@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from operator import attrgetter, itemgetter
 
-from topod.alloc.incumbent import class_neighbours, class_order, greedy_incumbent
-from topod.alloc.search import (NODE_BUDGET, Problem, SearchResult, branch_and_bound, chosen_positions, node_room,
-                                objective_eps, only_set, single_ties, solve)
+from topod.alloc.search import (NODE_BUDGET, Problem, SearchResult, branch_and_bound, chosen_positions,
+                                class_neighbours, class_order, greedy_incumbent, node_room, objective_eps, only_set,
+                                single_ties, solve)
 
 _OBJECTIVE = attrgetter("objective")
 _MEMBERS = attrgetter("members")
