@@ -45,6 +45,10 @@ class DaemonLoops:
         def changed(*sections: str) -> bool:
             return old is None or any(old.section(s) != self.config.section(s) for s in sections)
 
+        # A changed [irq] reaches the running balancer in place (IrqTask.configure), so what
+        # it learned from the kernel stays: managed IRQs (EIO, announced once), cooldowns,
+        # backoffs. Only a new interval restarts the loop (its supervision deadline is its own).
+        irq_interval = old is None or old.get("irq", "interval_seconds") != self.config.get("irq", "interval_seconds")
         wanted = {
             "reaper": (True, False),
             "load": (True, False),
@@ -52,7 +56,7 @@ class DaemonLoops:
             "api": (self.api_address is not None, False),
             "rescan": (True, changed("udev") or old.get("daemon", "rescan_interval_seconds")
                        != self.config.get("daemon", "rescan_interval_seconds")),
-            "irq": (self.config.get("irq", "mode") != "off", changed("irq")),
+            "irq": (self.config.get("irq", "mode") != "off", irq_interval),
             "probe": (bool(self.config.get("probe", "enabled")), changed("probe")),
             "isolate": (self.isolate.wanted, changed("isolate")),
             "scopes": (True, False),
@@ -64,6 +68,17 @@ class DaemonLoops:
                 running = False
             if want and not running:
                 self._start_loop(name)
+            elif name == "irq" and running and changed("irq") and self.irq is not None:
+                self._tasks.create_task(self._configure_irq(self.irq), name="topod-irq-configure")
+
+    async def _configure_irq(self, task) -> None:  # noqa: ANN001 - IrqTask, imported lazily
+        try:
+            await task.configure(self.irq_section())
+        except Exception as exc:  # noqa: BLE001 - in the task group: said, then a fresh loop, never fatal
+            self._loop_failed("irq", f"reconfigure: {type(exc).__name__}: {exc}"[:500], "")
+            if self.irq is task:
+                self._stop_loop("irq")
+                self._start_loop("irq")
 
     def _start_loop(self, name: str) -> None:
         factories = {"reaper": self._reaper_loop, "load": self._load_loop, "exports": self._exports_loop,

@@ -43,6 +43,16 @@ class IrqTask:
     async def close(self) -> None:
         await self.worker.close()
 
+    async def configure(self, section: dict) -> None:
+        """A reload's new [irq] (same interval), taken by the running balancer between two
+        calls (IrqBalancer.configure keeps its failure marks and cooldowns); a full cycle
+        under the new settings follows at once."""
+        mode = IrqSettings.from_section(section).mode
+        async with self._lock:
+            await self.worker.configure(section)
+        self.mode = mode
+        self._full.set()
+
     # -- triggers (called on the event loop) -------------------------------------------
     def leases_changed(self) -> None:
         self._replan.set()
