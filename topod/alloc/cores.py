@@ -32,13 +32,13 @@ Rules, in order:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import reduce
 from itertools import repeat
 from operator import attrgetter, or_
 
 from topod.alloc.errors import InsufficientCpusError
-from topod.alloc.nodecores import Core, NodeCores, auto_plan, free_cpus, gpus_served, usable_cores
+from topod.alloc.nodecores import Core, CoreMap, NodeCores, auto_plan, free_cpus, gpus_served, usable_cores
 from topod.alloc.slotinit import slot_init, slot_setters
 from topod.alloc.windows import NOWHERE, pick_cores
 from topod.model import Cpu, Gpu, Topology
@@ -101,30 +101,6 @@ def _core_choice_init(self, cpus, cpu_node, fallback, reasons) -> None:  # noqa:
 
 
 slot_init(CoreChoice, _core_choice_init)
-
-
-@dataclass(frozen=True, slots=True)
-class CoreMap:
-    """What the topology alone says about cores (the engine keeps one per host view):
-    node -> cores in CPU order, their LLC, and which could ever be used; per CPU the
-    cores it belongs to (so excluded CPUs block their cores without a scan of every
-    core); per GPU address its PCIe local CPUs (a device lookup is a scan of the tree).
-
-    Cores are also numbered as bits: within a node by their position in CPU order, and
-    across the map by `offset[node]` + that position (one int holds the cores a set of
-    CPUs blocks on every node)."""
-
-    nodes: dict[int, tuple[list[Core], dict[Core, int], frozenset[Core]]]
-    core_of: dict[int, tuple[tuple[int, Core], ...]] = field(default_factory=dict)
-    local: dict[str, frozenset[int]] = field(default_factory=dict)
-    whole: dict[int, NodeCores] = field(default_factory=dict)  # node_cores of a node nothing excludes from
-    capacity_memo: dict = field(default_factory=dict)  # auto_capacity per node, by its plans and free cores
-    cpu_bits: dict[int, int] = field(default_factory=dict)  # CPU -> its cores' bits, across the map
-    offset: dict[int, int] = field(default_factory=dict)  # node -> its first bit across the map
-    eligible: dict[int, int] = field(default_factory=dict)  # node -> its eligible cores as bits
-    marks: dict[Core, tuple[tuple[int, int], ...]] = field(default_factory=dict)  # core -> (node, its bit) per node
-    windows: dict = field(default_factory=dict)  # (node, CPUs, local CPUs) -> pick_cores's windows, best first
-    blocked_memo: dict = field(default_factory=dict)  # node_cores by the bits its excluded CPUs block
 
 
 def core_map(topology: Topology) -> CoreMap:

@@ -9,8 +9,9 @@ every decision that wants CPUs. Assigning the CPUs is topod.alloc.cores.
 
 from __future__ import annotations
 
-from topod.alloc.cores import CoreMap, auto_capacity, auto_table, core_map, fair_share, node_capacity
+from topod.alloc.cores import auto_capacity, auto_table, core_map, fair_share, node_capacity
 from topod.alloc.hostview import HostView
+from topod.alloc.nodecores import CoreMap
 from topod.alloc.request import FreeState
 
 

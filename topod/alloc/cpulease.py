@@ -27,10 +27,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from topod.alloc.cores import CoreMap, node_cores
+from topod.alloc.cores import node_cores
 from topod.alloc.errors import InsufficientCpusError
 from topod.alloc.near import Near, resolve_near
-from topod.alloc.nodecores import NodeCores, usable_cores
+from topod.alloc.nodecores import CoreMap, NodeCores, usable_cores
 from topod.alloc.request import Decision, FreeState, Performance, Request
 from topod.alloc.windows import NOWHERE, pick_cores
 from topod.cpulist import format_cpulist

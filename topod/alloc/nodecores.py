@@ -1,17 +1,18 @@
-"""One NUMA node's cores as the CPU rules count them (pure): NodeCores (the node's cores
-in CPU order, the usable ones as bits), its usable cores in order, how many GPUs they
-serve at so many CPUs each, the free CPUs a call's picks leave, and what each GPU of a
-set gets from them under "auto" on the empty host (auto_plan).
+"""A host's cores as the CPU rules count them (pure): the CoreMap (what the topology
+alone says about them, built by topod.alloc.cores.core_map, with the tables kept on it),
+NodeCores (one node's cores in CPU order, the usable ones as bits), its usable cores in
+order, how many GPUs they serve at so many CPUs each, the free CPUs a call's picks leave,
+and what each GPU of a set gets from them under "auto" on the empty host (auto_plan).
 
-Its own module because these answer about one node's cores, whoever built them: the
+Its own module because these answer about the cores, whoever built them: the
 assignment across nodes (topod.alloc.cores) and the pick of one GPU's cores
-(topod.alloc.windows) both ask them.
+(topod.alloc.windows) both ask them, and neither imports the other's rules.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 Core = tuple[int, ...]
 
@@ -22,6 +23,30 @@ class NodeCores:
     free: int  # bit i set: all_cores[i] is usable (eligible, none of its CPUs excluded, leased or reserved)
     llc: dict[Core, int]
     node: int = -1  # the node (the key of the map's window tables)
+
+
+@dataclass(frozen=True, slots=True)
+class CoreMap:
+    """What the topology alone says about cores (the engine keeps one per host view):
+    node -> cores in CPU order, their LLC, and which could ever be used; per CPU the
+    cores it belongs to (so excluded CPUs block their cores without a scan of every
+    core); per GPU address its PCIe local CPUs (a device lookup is a scan of the tree).
+
+    Cores are also numbered as bits: within a node by their position in CPU order, and
+    across the map by `offset[node]` + that position (one int holds the cores a set of
+    CPUs blocks on every node)."""
+
+    nodes: dict[int, tuple[list[Core], dict[Core, int], frozenset[Core]]]
+    core_of: dict[int, tuple[tuple[int, Core], ...]] = field(default_factory=dict)
+    local: dict[str, frozenset[int]] = field(default_factory=dict)
+    whole: dict[int, NodeCores] = field(default_factory=dict)  # node_cores of a node nothing excludes from
+    capacity_memo: dict = field(default_factory=dict)  # auto_capacity per node, by its plans and free cores
+    cpu_bits: dict[int, int] = field(default_factory=dict)  # CPU -> its cores' bits, across the map
+    offset: dict[int, int] = field(default_factory=dict)  # node -> its first bit across the map
+    eligible: dict[int, int] = field(default_factory=dict)  # node -> its eligible cores as bits
+    marks: dict[Core, tuple[tuple[int, int], ...]] = field(default_factory=dict)  # core -> (node, its bit) per node
+    windows: dict = field(default_factory=dict)  # (node, CPUs, local CPUs) -> pick_cores's windows, best first
+    blocked_memo: dict = field(default_factory=dict)  # node_cores by the bits its excluded CPUs block
 
 
 def usable_cores(cores: NodeCores | None) -> list[Core]:

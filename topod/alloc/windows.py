@@ -16,8 +16,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from topod.alloc.cores import CoreMap
-    from topod.alloc.nodecores import Core, NodeCores
+    from topod.alloc.nodecores import Core, CoreMap, NodeCores
 
 WINDOW_TABLES = 1_024  # _windows per core map (by node, CPUs per GPU and the GPU's local CPUs)
 NOWHERE: frozenset[int] = frozenset()  # no local CPUs: no preference
