@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_TEST_PACKAGES=(umockdev gir1.2-umockdev-1.0 python3-gi graphviz prometheus systemd hwloc slurmd slurmctld slurm-client curl)
+APT_TEST_PACKAGES=(umockdev gir1.2-umockdev-1.0 python3-gi graphviz prometheus systemd hwloc slurmd slurmctld slurm-client curl libnss-wrapper)
 
 want_test=0
 [[ "${1:-}" == "--test" ]] && want_test=1

@@ -249,8 +249,10 @@ def test_every_documented_curl_example_is_answered(daemon_factory):
 
     commands = _documented_curl_commands()
     assert len(commands) >= 6 and any("-X DELETE" in command for command in commands)
+    assert any('"gpus": 0' in command for command in commands), "the pages show a lease without GPUs"
     daemon = daemon_factory()
-    daemon.start()
+    client = daemon.start()
+    nodes = {name: device["numa_node"] for device in client.topology()["pci_devices"] for name in device["names"]}
     lease_id = None
     for command in commands:
         assert "LEASE_ID" not in command or lease_id, f"{command}: no lease granted before it"
@@ -265,6 +267,51 @@ def test_every_documented_curl_example_is_answered(daemon_factory):
             lease = json.loads(body)
             asked = json.loads(re.search(r"-d '([^']+)'", command).group(1))
             assert len(lease["gpus"]) == asked["gpus"]
-            assert len(lease["cpus"]) == asked["gpus"] * asked["cpus_per_gpu"]
+            if asked["gpus"]:
+                assert len(lease["cpus"]) == asked["gpus"] * asked["cpus_per_gpu"]
+            else:  # a lease without GPUs: whole cores on the node of the device it names, no GPU shown
+                assert len(lease["cpus"]) == asked["cpus"]
+                assert lease["memory_nodes"] == [nodes[asked["near"]]]
+                assert lease["environment"]["CUDA_VISIBLE_DEVICES"] == ""
             assert lease["decision"]["level"] in ("good", "best")
             lease_id = lease["id"]
+
+
+
+def _readme_allocate_commands() -> list[list[str]]:
+    """The argv of every `topoctl allocate` line in README.md's shell blocks, its comment cut."""
+    import re
+    import shlex
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    found = []
+    for block in re.findall(r"^```sh\n(.*?)^```", readme, re.S | re.M):
+        for line in block.replace("\\\n", " ").splitlines():
+            if line.startswith("topoctl allocate "):
+                found.append(shlex.split(line, comments=True)[1:])
+    return found
+
+
+def test_every_allocate_in_the_readme_is_granted_on_the_demo_host(daemon_factory, capsys):
+    """The README's `topoctl allocate` lines, run as shown against a daemon on the demo host:
+    each is granted what it asks, a lease without GPUs on its device's node, hiding every GPU."""
+    from topod.cli.topoctl import main
+
+    commands = _readme_allocate_commands()
+    assert any("--cpus" in argv and "--near" in argv for argv in commands), "README shows a lease without GPUs"
+    daemon = daemon_factory()
+    client = daemon.start()
+    nodes = {name: device["numa_node"] for device in client.topology()["pci_devices"] for name in device["names"]}
+    for argv in commands:
+        capsys.readouterr()
+        assert main(["--socket", daemon.socket, "--json", *argv]) == 0, f"topoctl {' '.join(argv)}"
+        lease = json.loads(capsys.readouterr().out)
+        asked = dict(zip(argv[1::2], argv[2::2]))
+        if "--cpus" in asked:
+            assert lease["gpus"] == [] and len(lease["cpus"]) == int(asked["--cpus"])
+            assert lease["memory_nodes"] == [nodes[asked["--near"]]]
+            assert lease["environment"]["CUDA_VISIBLE_DEVICES"] == ""
+        else:
+            assert len(lease["gpus"]) == int(asked["--gpus"])
+        assert lease["job"] == asked.get("--job")
+        client.release(lease["id"])
