@@ -144,12 +144,20 @@ def test_the_nic_example_is_what_allocate_prints_on_the_demo_host(readonly_host,
 
 @pytest.fixture(scope="module")
 def doctor_scene(tmp_path_factory):
-    """The demo host with its 8-rank job, as `python -m topod.hostspec.doctor_scene DIR`
-    writes it (the pages' first command)."""
-    from topod.hostspec.doctor_scene import build_demo
+    """The demo host with its 8-rank job, written by the pages' first command
+    (`topoctl example-host h800-8gpu DIR --demo-job`), with what it prints checked too."""
+    import contextlib
+    import io
 
-    root = tmp_path_factory.mktemp("h800-demo")
-    build_demo(str(root))
+    from topod.cli.topoctl import main
+
+    root = tmp_path_factory.mktemp("h800-demo") / "h800-demo"
+    command = f"topoctl example-host h800-8gpu {DEMO_ROOT} --demo-job"
+    shown = _console_example(OPERATIONS, command + "   # 8 ranks, rank 3 on the far socket")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        assert main(command.replace(DEMO_ROOT, str(root)).split()[1:]) == 0
+    assert shown == out.getvalue().replace(str(root), DEMO_ROOT).splitlines()
     return root
 
 

@@ -307,6 +307,16 @@ def _bind(p: argparse.ArgumentParser) -> None:
     _handler(p, "topod.cli.bind_cmd:run_bind")
 
 
+def _example_host(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", nargs="?", default=None, metavar="NAME", help="a built-in host (--list names them)")
+    p.add_argument("directory", nargs="?", default=None, metavar="DIR",
+                   help="where to write the tree: a new or empty directory")
+    p.add_argument("--list", action="store_true", help="list the built-in hosts")
+    p.add_argument("--demo-job", action="store_true",
+                   help="also write an 8-rank job's processes (rank 3 on the far socket) for topoctl doctor")
+    _handler(p, "topod.cli.example_host_cmd:run_example_host")
+
+
 def _completion(p: argparse.ArgumentParser) -> None:
     p.add_argument("shell", choices=("bash", "zsh", "fish"), help="the shell to write a completion script for")
     _handler(p, "topod.cli.completion:run_completion")
@@ -332,6 +342,8 @@ COMMANDS: tuple[Command, ...] = (
                       "1 when the file is refused", _reload),
     Command("run", "allocate, run a command pinned to the lease, release", _run),
     Command("bind", "a rank's entry point in a lease: pin to its GPU's cores, bind memory, exec", _bind),
+    Command("example-host", "write a built-in example host tree into a new directory, to try topod without the "
+                            "hardware (--root DIR)", _example_host),
     Command("completion", "print a shell completion script (bash, zsh, fish)", _completion),
 )
 BY_NAME = {command.name: command for command in COMMANDS}
