@@ -23,7 +23,6 @@ from topod.irq.settings import IRQBALANCE_CHOICES
 from topod.irq.settings import MODES as IRQ_MODES
 from topod.irq.settings import IrqSettings
 from topod.probe.sampler import SamplerSettings
-from topod.service.lease_store import SYNCHRONOUS
 from topod.textfile import read_text_file
 
 # Each default lives with the code that uses it; the schema takes it from there.
@@ -133,6 +132,9 @@ INT_MINIMUM = {("api", "max_connections"): 1, ("api", "max_body_bytes"): 1, ("ap
 # (low, high, low included): a share of wall time.
 FLOAT_RANGE = {("probe", "budget_share"): (0.0, 1.0, False)}
 PROBE_BACKENDS = ("host-memory", "cuda", "simulated")
+# The lease ledger's PRAGMA synchronous (topod.service.lease_db opens it so; the store says
+# what each keeps on power loss). Defined here, below the service that reads it.
+SQLITE_SYNCHRONOUS = ("full", "normal")
 # Read once at start (the socket is bound, the store opened, the root and logging set up):
 # a reload that changes one says so and keeps the running value.
 RESTART_KEYS = (("daemon", "root"), ("daemon", "socket"), ("daemon", "state_dir"), ("daemon", "socket_mode"),
@@ -152,7 +154,7 @@ CHOICES = {
     ("irq", "irqbalance"): IRQBALANCE_CHOICES,
     ("udev", "source"): ("udev", "kernel"),
     ("isolate", "method"): ("auto", "affinity", "cgroup"),
-    ("daemon", "sqlite_synchronous"): SYNCHRONOUS,
+    ("daemon", "sqlite_synchronous"): SQLITE_SYNCHRONOUS,
     ("log", "level"): ("debug", "info", "warning", "error"),
     ("log", "format"): ("auto", "console", "json", "journal"),
 }

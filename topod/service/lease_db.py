@@ -34,6 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from topod.cappedread import file_kind
+from topod.config import SQLITE_SYNCHRONOUS
 from topod.errors import TopodError
 from topod.service.lease import Lease
 
@@ -49,7 +50,6 @@ CREATE TABLE IF NOT EXISTS lease_devices (
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 SCHEMA_VERSION = "2"  # 1: lease_gpus keyed by GPU index, decision as an untyped dict
-SYNCHRONOUS = ("full", "normal")
 BUSY_TIMEOUT_MS = 5000  # sqlite3.connect's default, made explicit
 
 
@@ -75,9 +75,9 @@ class LeaseStoreFullError(LeaseStoreError):
 
 def open_database(state_dir: str | Path, synchronous: str) -> tuple[Path, sqlite3.Connection]:
     """(the database's path, a connection to it for the writer thread), its schema current.
-    synchronous: one of SYNCHRONOUS (LeaseStore says what each keeps on power loss)."""
-    if synchronous not in SYNCHRONOUS:
-        raise ValueError(f"synchronous must be one of {', '.join(SYNCHRONOUS)}, got {synchronous!r}")
+    synchronous: one of SQLITE_SYNCHRONOUS (LeaseStore says what each keeps on power loss)."""
+    if synchronous not in SQLITE_SYNCHRONOUS:
+        raise ValueError(f"synchronous must be one of {', '.join(SQLITE_SYNCHRONOUS)}, got {synchronous!r}")
     directory = Path(state_dir)
     _private_directory(directory)
     path = directory / "leases.sqlite3"

@@ -21,12 +21,12 @@ from typing import Any
 from topod.alloc.nics import lease_nic_keys
 from topod.service.batch_sql import CONFIRM_LEASE, DELETE_LEASE, INSERT_DEVICES, INSERT_LEASE, UPDATE_LEASE
 from topod.service.lease import Lease
-from topod.service.lease_db import (SYNCHRONOUS, LeaseConflictError, LeaseStoreError, LeaseStoreFullError,
-                                    close_quietly, load_leases, open_database)
+from topod.service.lease_db import (LeaseConflictError, LeaseStoreError, LeaseStoreFullError, close_quietly,
+                                    load_leases, open_database)
 from topod.service.lease_writer import GroupCommitWriter
 
 # Defined with the file (topod.service.lease_db); the rest of the daemon imports them from here.
-__all__ = ["SYNCHRONOUS", "LeaseConflictError", "LeaseStore", "LeaseStoreError", "LeaseStoreFullError"]
+__all__ = ["LeaseConflictError", "LeaseStore", "LeaseStoreError", "LeaseStoreFullError"]
 
 
 class LeaseStore:
