@@ -11,16 +11,17 @@ test:
 
 # topod under a real systemd: a Debian 12 container (debootstrap, cached in
 # build/systemd-rootfs) booted with systemd-nspawn, topod installed in it offline from the
-# wheelhouse as README says, tests/systemd run against it. Needs root; skips (status 0,
-# one "skipped:" line) where it cannot run. See README, "The systemd tier".
+# wheelhouse as docs/operations.md says, tests/systemd run against it. Needs root; skips
+# (status 0, one "skipped:" line) where it cannot run. See docs/operations.md, "Running
+# under systemd".
 test-systemd:
 	@bash scripts/systemd-tier.sh run
 
 # topod on a real kernel: a two-node Debian 12 guest under QEMU (TCG), its image built once
 # into build/live-image (debootstrap, mkfs.ext4 -d; rebuilt when its recipe changes),
-# topod installed in it offline from the wheelhouse as README says, tests/live run against
-# it (IRQs written for real, managed vectors, hot-plug over QMP, leases and cgroup v2).
-# Needs root; skips (status 0, one "skipped:" line) where it cannot run.
+# topod installed in it offline from the wheelhouse as docs/operations.md says, tests/live
+# run against it (IRQs written for real, managed vectors, hot-plug over QMP, leases and
+# cgroup v2). Needs root; skips (status 0, one "skipped:" line) where it cannot run.
 test-live:
 	@bash scripts/live-tier.sh run
 
@@ -34,7 +35,7 @@ test-gpu:
 # Block topology files against a real slurmctld with topology/block (Slurm >= 24.05, which
 # Debian 12 lacks): built once from a SchedMD/slurm checkout (SLURM_SRC=dir, 7-10 minutes)
 # into SLURM_PREFIX (default build/slurm, then reused), or an existing install named by
-# SLURM_PREFIX. See README, "Slurm topology.conf".
+# SLURM_PREFIX. See docs/exports.md, "topology.conf".
 SLURM_SRC ?=
 SLURM_PREFIX ?= $(CURDIR)/build/slurm
 test-slurm-block:

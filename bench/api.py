@@ -2,7 +2,7 @@
 Unix socket answering the same two requests (POST /v1/leases, DELETE /v1/leases/{id})
 with the lease JSON topod gives for the same request on the same host (captured in the
 run), driven by the same client. Then topod (IRQ balancing off) with durability FULL (the
-default; group commit) and NORMAL. Two setups (SETUPS): "issue", issue 26's own (the seed
+default; group commit) and NORMAL. Two setups (SETUPS): "demo" (the demo
 h800 host, 8 concurrent clients, a one-GPU request with topod's defaults: auto cores), and
 "64" (64 clients on a 64-GPU synthetic host, level any, no cores). For each: one client
 alone on the fresh start (p50/p99), the clients each allocating one GPU and releasing it
@@ -17,13 +17,13 @@ topod runs once more with IRQ balancing on (dry-run, default interval) for the
 saturation figure with the balancer's re-planning in play. Prints the load average too:
 a noisy machine shows there. Beside them the physical floor: one small write and its
 fsync on the state dir's filesystem, against which each single-client allocate and
-release p50 is set (goal: floor + 0.5 ms), and the issue-26 goals line per topod row
+release p50 is set (goal: floor + 0.5 ms), and a goals line per topod row
 (>= 0.75 of the bare server's rate; the event loop's CPU with and without the
 allocation decision's share, read from /metrics; open-loop p99 within 3x the bare
 server's). On the 64-GPU setup also GET /v1/topology's body built per reader on the loop
 against the one cached per topology version (`python bench/api.py topology`: that alone).
-`python bench/api.py [issue|64]`: every row for that setup (both when none is named).
-`python bench/api.py saturation N [issue|64]`: only the saturation figure, bare and topod (FULL)
+`python bench/api.py [demo|64]`: every row for that setup (both when none is named).
+`python bench/api.py saturation N [demo|64]`: only the saturation figure, bare and topod (FULL)
 alternated N times, medians of the ratio and of each party's event-loop CPU."""
 
 from __future__ import annotations
@@ -49,11 +49,11 @@ OPEN_RATE = 300  # round trips per second
 OPEN_SECONDS = 10
 OPEN_WORKERS = 16
 
-# Each setup: the host, the concurrent clients, what each asks for. "issue" is issue 26's
-# own row: the seed 8xH800 host, 8 clients, a plain one-GPU request with topod's default
+# Each setup: the host, the concurrent clients, what each asks for. "demo" is the demo
+# host's row: the 8xH800 demo host, 8 clients, a plain one-GPU request with topod's default
 # config (auto cores). "64" is the harder one: 64 clients on a 64-GPU synthetic host.
 SETUPS = {
-    "issue": {"host": "h800-8gpu", "clients": 8, "request": {}},
+    "demo": {"host": "h800-8gpu", "clients": 8, "request": {}},
     "64": {"host": "64", "clients": 64, "request": {"level": "any", "cpus_per_gpu": 0}},
 }
 SETUP = SETUPS["64"]
@@ -360,8 +360,8 @@ def topod_commits(sock: str) -> str:
 
 
 def topology_figures(root: Path, reads: int = 30) -> str:
-    """GET /v1/topology's body on the 64-GPU host: built per reader on the event loop (as
-    before issue 25) against the body cached per topology version (built once, off the
+    """GET /v1/topology's body on the 64-GPU host: built per reader on the event loop
+    against the body cached per topology version (built once, off the
     loop; each read splices the leased GPUs). Median event-loop time per read."""
     import asyncio
 
@@ -499,8 +499,8 @@ def measure_saturation(command: list[str], sock: str, decisions: bool = False) -
 
 
 def main() -> int:
-    """`api.py [issue|64]`: every row for that setup (both when none is named);
-    `api.py saturation N [issue|64]`; `api.py topology`."""
+    """`api.py [demo|64]`: every row for that setup (both when none is named);
+    `api.py saturation N [demo|64]`; `api.py topology`."""
     global SETUP
     args = sys.argv[1:]
     if args[:1] == ["topology"]:
@@ -511,7 +511,7 @@ def main() -> int:
             print(topology_figures(build_host(spec_64(), Path(tmp) / "host")))
         return 0
     if args[:1] == ["saturation"]:
-        SETUP = SETUPS[args[2] if len(args) > 2 else "issue"]
+        SETUP = SETUPS[args[2] if len(args) > 2 else "demo"]
         return saturation_rounds(int(args[1]) if len(args) > 1 else 3)
     for name in args or list(SETUPS):
         SETUP = SETUPS[name]

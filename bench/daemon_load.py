@@ -1,13 +1,13 @@
 """Does background work block the API? One client allocates and releases one GPU in a
-loop against the real daemon on the seed's 8xH800 host grown to 4,096 RDMA IRQs
+loop against the real daemon on the 8xH800 demo host grown to 4,096 RDMA IRQs
 (8 NICs x 512 vectors), first idle (IRQ balancing off, no rescans), then with a full IRQ
 cycle every second (dry-run: reads every /proc/irq/N and /proc/interrupts, plans 4,096
 IRQs) and a full rediscovery every second. Prints p50/p99 of both, side by side, and the
 ratio (goal: loaded p99 <= 2x idle p99). The IRQ balancer runs in its worker process.
-Then the issue's own row: the seed 8xH800 host as built (108 IRQs), IRQ balancing off vs
+Then the demo host as built (108 IRQs), IRQ balancing off vs
 on in dry-run at its default interval (goal: p99 within 1.5x of IRQ off). Three
 alternating runs of each; medians. Last, the idle daemon as a user starts it (its own
-defaults, only --root/--socket/--state-dir, on the seed host): CPU share over 20 s and
+defaults, only --root/--socket/--state-dir, on the demo host): CPU share over 20 s and
 resident memory, daemon and IRQ worker process."""
 
 from __future__ import annotations
@@ -150,8 +150,8 @@ def main() -> int:
           f"p50 {seed_med['on'][0] * 1e3:.2f} ms, p99 {seed_med['on'][1] * 1e3:.2f} ms; "
           f"ratio on/off p99 {seed_med['on'][1] / seed_med['off'][1]:.2f}x (goal <= 1.5x)")
     memory = ", ".join(f"{name} {mib:.1f} MiB" for name, mib in idle_rss.items())
-    print(f"idle daemon, its defaults, seed h800-8gpu, {IDLE_SECONDS:.0f} s: {idle_share:.2%} of a core "
-          f"(daemon and children); RSS {memory} (irqbalance, from the issue: 0.01 %, 3.8 MiB)")
+    print(f"idle daemon, its defaults, demo h800-8gpu, {IDLE_SECONDS:.0f} s: {idle_share:.2%} of a core "
+          f"(daemon and children); RSS {memory} (irqbalance for comparison: 0.01 %, 3.8 MiB)")
     return 0
 
 

@@ -1,5 +1,5 @@
-"""Footprint (issue 26): the idle daemon as a user starts it (its own defaults, only
---root/--socket/--state-dir, on the seed h800-8gpu host) and the whole-process
+"""Footprint: the idle daemon as a user starts it (its own defaults, only
+--root/--socket/--state-dir, on the demo h800-8gpu host) and the whole-process
 `topoctl topo --json` against the interpreter's floor.
 
 - memory: PSS (/proc/PID/smaps_rollup) of the daemon and its IRQ worker, and their sum

@@ -1,4 +1,4 @@
-"""Seed 004's P99 effect, on CPUs: a rank's busy-step loop on a leased CPU with CPU hogs
+"""Isolation's P99 effect, on CPUs: a rank's busy-step loop on a leased CPU with CPU hogs
 outside the lease, isolation off vs on, and `topoctl bind` vs an unpinned rank.
 
     python bench/isolation.py [--seconds 6] [--hogs 3] [--whole-host]

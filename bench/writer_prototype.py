@@ -1,5 +1,5 @@
-"""Issue 26's saturation goal, the prototype behind its verdict: is the commit's wait the
-wall, or the writer thread that shares the event loop's GIL?
+"""The lease API's saturation figure, and the prototype behind topod's writer: is the
+commit's wait the wall, or the writer thread that shares the event loop's GIL?
 
 A minimal lease server (not topod: no validation, decision, log or events) answers the
 same two requests as `bench/api.py`'s anchor with the same lease JSON, but only once each
@@ -16,8 +16,8 @@ as a few multi-row statements, as topod writes it). The writers:
   child for 2 ms after each batch, the loop for a lone change's acknowledgement);
 - `loop`: the loop commits each batch itself when its turn ends (topod's commit of a lone
   change); in `--single`, and under saturation when PROTO_MODES names it (0.74 of bare
-  against the thread's 0.62 in three rounds, 2026-12-04; the same change in topod, ten
-  alternated rounds: 0.625 against 0.63, see README);
+  against the thread's 0.62 in three rounds; the same change in topod, ten alternated
+  rounds: 0.625 against 0.63, so topod commits in its writer thread alone);
 - `loop-fsync`: the loop commits each batch itself when its turn ends with SQLite's own
   sync off (synchronous=OFF: the WAL frames are written, not synced), and a sync thread
   makes them durable with one fdatasync of the WAL file for every batch committed since
@@ -25,14 +25,14 @@ as a few multi-row statements, as topod writes it). The writers:
   The GIL is taken three times a sync, never between statements; batches pipeline
   (the loop commits the next while the disk syncs the last).
 
-Alternated with the bare aiohttp anchor in the same run, `bench/api.py`'s issue setup
-(8 clients, the seed h800 host's lease document): round trips per second and the
+Alternated with the bare aiohttp anchor in the same run, `bench/api.py`'s demo setup
+(8 clients, the demo h800 host's lease document): round trips per second and the
 ratio to bare, then the PSS of the process writer's server and child.
 `--single`: one client's allocate and release p50 on each writer, three rounds.
 
 `python bench/writer_prototype.py [rounds]` (default 3); `python bench/writer_prototype.py --single`.
 What this prototype could not show, topod itself did: the writer process built into topod
-(branch `writer-process`) ran slower there than its writer thread (README, issue 26)."""
+ran slower there than its writer thread, so topod keeps the thread."""
 
 from __future__ import annotations
 
@@ -361,7 +361,7 @@ def prototype_ready(sock: str) -> None:
 def single_rounds() -> int:
     import api
 
-    api.SETUP = api.SETUPS["issue"]
+    api.SETUP = api.SETUPS["demo"]
     found: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -393,7 +393,7 @@ def main() -> int:
     if sys.argv[1:2] == ["--single"]:
         return single_rounds()
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
-    api.SETUP = api.SETUPS["issue"]
+    api.SETUP = api.SETUPS["demo"]
     ratios: dict[str, list[float]] = {mode: [] for mode in MODES}
     memory: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:

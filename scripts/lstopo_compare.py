@@ -8,7 +8,8 @@ this repository's `tests/data/hosts`), lstopo's view (`lstopo --whole-system --w
 - PCI: each function lstopo lists, its parent bridge and local CPUs.
 
 One line per tree (OK, or what differs), then the totals. A report, not a verdict: where
-the two disagree on purpose (README, "Real-machine check") it says so in the differences.
+the two disagree on purpose (docs/architecture.md, "Discovery rules") it says so in the
+differences.
 
     python scripts/lstopo_compare.py DIR [DIR...]
 """

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `make test-systemd`: topod under a real systemd (Debian 12's, PID 1 of a
-# systemd-nspawn container), installed offline from the wheelhouse as README says.
+# systemd-nspawn container), installed offline from the wheelhouse as docs/operations.md
+# says ("Install").
 #
 #   scripts/systemd-tier.sh          prepare everything, then run tests/systemd
 #   scripts/systemd-tier.sh prepare  only prepare (tools, rootfs, wheelhouse)

@@ -2,7 +2,7 @@
 
 With an indent, the standard library gives up its C encoder and walks the document
 with nested generators, one `yield` per token: `topoctl topo --json` spent 9 ms of a
-65 ms run there on a 256-CPU tree (issue 26). This writer joins each container's items
+65 ms run there on a 256-CPU tree. This writer joins each container's items
 once, hands containers of scalars to json's own C encoder, and escapes strings with the
 C escaper json itself uses.
 

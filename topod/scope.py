@@ -11,7 +11,8 @@ unit and have no effect.
 
 Two halves: the properties are built by pure functions (`scope_properties`, tested
 without a bus), and the bus I/O (`start_scope`, `stop_scope`) is the only D-Bus client in
-topod, through jeepney (pure Python, no libdbus or GLib; README says why).
+topod, through jeepney (pure Python: no libdbus or GLib to load into the daemon or to
+install on the node).
 """
 
 from __future__ import annotations

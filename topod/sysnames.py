@@ -2,7 +2,7 @@
 host bridges, NVML bus ids, host names, hex words), matched with string methods.
 
 Why not regular expressions: compiling the dozen that discovery used took ~0.8 ms of
-every `topoctl` start, 6 % of the interpreter's own (issue 26). These are also stricter
+every `topoctl` start, 6 % of the interpreter's own. These are also stricter
 than those patterns were, on purpose: digits are ASCII only (`\\d` took any script's
 digits, so a hostile tree's `cpu١` aliased cpu1) and a trailing newline is refused (`$`
 let one through).

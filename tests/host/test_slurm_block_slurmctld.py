@@ -1,6 +1,6 @@
 """Block topology files loaded by a real slurmctld with topology/block (Slurm >= 24.05,
 built from SchedMD's source; Debian 12 has only 22.05, which lacks the plugin). Manual:
-set TOPOD_SLURM_PREFIX to the install prefix (README, "Slurm topology.conf"); skipped
+set TOPOD_SLURM_PREFIX to the install prefix (docs/exports.md, "topology.conf"); skipped
 otherwise. Each file: slurmctld starts, `scontrol show topology` lists the blocks topoctl
 wrote, and a multi-node job on power-saving CLOUD nodes (`sbatch --test-only`) is placed
 inside one NVLink domain whenever one can hold it."""
@@ -18,8 +18,8 @@ from topod.export.slurm_topology import build_topology_conf, host_entry
 
 PREFIX = Path(os.environ.get("TOPOD_SLURM_PREFIX", "/nonexistent"))
 SLURMCTLD, SCONTROL, SBATCH = PREFIX / "sbin/slurmctld", PREFIX / "bin/scontrol", PREFIX / "bin/sbatch"
-pytestmark = pytest.mark.skipif(not SLURMCTLD.exists(),
-                                reason="no from-source Slurm >= 24.05 (set TOPOD_SLURM_PREFIX; README says how)")
+pytestmark = pytest.mark.skipif(not SLURMCTLD.exists(), reason="no from-source Slurm >= 24.05 (set "
+                                "TOPOD_SLURM_PREFIX; docs/exports.md says how)")
 UUID = "5a1b0c2d-0000-4e3f-9a7b-72a000000001"
 # Power saving: CLOUD nodes count as available and are 'resumed' by /bin/true.
 CLOUD = (f"PluginDir={PREFIX}/lib/slurm\nSuspendProgram=/bin/true\nResumeProgram=/bin/true\nSuspendTime=600\n"

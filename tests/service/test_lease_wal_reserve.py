@@ -1,6 +1,6 @@
 """The WAL's room reserved ahead (topod.service.lease_db.reserve_wal): a start's commits
 overwrite blocks the file has instead of growing it (each growth made fdatasync write the
-file's size too; what that cost a fresh daemon's grants: README, "Leases survive"). The
+file's size too, on every one of a fresh daemon's first grants). The
 zeros must never read as frames: what was committed before them, and only that, comes
 back after a crash."""
 

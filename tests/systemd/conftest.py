@@ -57,7 +57,7 @@ def tier(tmp_path_factory):
     timings["boot"] = container.boot_seconds
     try:
         mark = time.monotonic()
-        # README, "Operations": the offline install, then the system steps it prints.
+        # docs/operations.md, "Install": the offline install, then the system steps it prints.
         install = container.sh("make --no-print-directory -C /src install WHEELHOUSE=/wheelhouse", timeout=300)
         assert install.returncode == 0, f"make install failed:\n{install.stdout}\n{install.stderr}"
         timings["make install"] = time.monotonic() - mark

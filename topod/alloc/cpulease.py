@@ -1,6 +1,6 @@
 """A lease without GPUs (pure): Request(gpus=0, cpus=N, near=...) -> Decision.
 
-Rules (the README's lease section says the same):
+Rules (docs/api.md, "Leases without GPUs", says the same):
 - `cpus` counts logical CPUs and is rounded up to whole physical cores: every online
   hyper-thread of a core goes with it, so a core is never split between two leases (3
   CPUs on a two-thread host are 2 cores, 4 CPUs; the decision says so).

@@ -4,7 +4,7 @@ Cost of a GPU set = the sum of DistanceModel weights over all its pairs (NVLink 
 NVSwitch pairs cheapest, then PIX < PXB < PHB < NODE < SYS). GPUs in one NVSwitch island
 are all-to-all: every pair costs the island's NVS weight.
 
-Levels (the README copies this):
+Levels (docs/api.md, "Allocating", says the same):
 - good: the set spans no more NUMA nodes than necessary. On the empty host, with the
   request's model/memory filter, find the fewest nodes whose GPUs (plus the nodes of
   must_include GPUs) can hold the size: one node whenever the size fits in one node, so

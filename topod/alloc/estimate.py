@@ -1,6 +1,6 @@
 """Performance estimate of a GPU set: relative ring all-reduce bandwidth.
 
-How it is computed (the README copies this):
+How it is computed:
 
 1. Each GPU pair gets a nominal one-direction bandwidth from its distance level:
    NV# / NVS#: # links x 25 GB/s (NVLink 3/4 per-link rate);

@@ -103,8 +103,8 @@ def look_ahead(view: HostView, census: Census, busy: set[int], ties: list[Search
        the twin classes of its GPUs, see lease_classes). Leases end independently and
        any of them may be next, and a lease's GPUs come back together: a single GPU put
        into the hole a big lease leaves in a node keeps that node from coming back
-       whole, one put beside another small lease does not (issue 26, on the cube mesh
-       the optimal policy's commonest difference from the census count alone);
+       whole, one put beside another small lease does not (on the cube mesh, the optimal
+       policy's commonest difference from the census count alone);
     3. host-minimum sets still wholly free, counted once per way to pick them, so a
        whole free switch or node keeps many.
     1 and 2 only where weighs_servable (their cost: SERVABLE_MIXES); 3 alone elsewhere.

@@ -5,7 +5,7 @@ asyncio's socket transport (CPython 3.11-3.13) keeps a bound method of itself
 socket object and its extra-info dict wait for the cyclic collector. With one connection
 per request (topoctl, curl, the bench's clients), that garbage set off a young-generation
 collection every ~30 lease round trips under saturation, each walking every live object of
-the requests in flight (issue 26). Once the connection is lost nothing reads from the
+the requests in flight. Once the connection is lost nothing reads from the
 transport again (its reader left the selector before connection_lost was scheduled), so
 the callback can go."""
 

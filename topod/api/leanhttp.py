@@ -160,9 +160,9 @@ class LeanConnection(asyncio.Protocol):
             return
         finally:
             # The parser holds this connection's callbacks: kept, the pair is a cycle that
-            # only the cyclic collector frees, one per request (issue 26: with the
-            # transport's own, topod.api.closed_transport, ~11 us of collection per round
-            # trip under saturation).
+            # only the cyclic collector frees, one per request (with the transport's own,
+            # topod.api.closed_transport, ~11 us of collection per round trip under
+            # saturation).
             self._parser = None
         serve()
 

@@ -2,7 +2,7 @@
 
 Each command names its handler as "module:function"; topoctl imports that module only
 when the command runs. When topoctl parses a command line (`build_parser(argv)`) only
-the chosen command's parser is made (each one made is ~40 us, ~1 ms for all: issue 26);
+the chosen command's parser is made (each one made is ~40 us, ~1 ms for all);
 an error at the top level, whose usage lists every command, is then told by the whole
 parser (`WholeParserNeeded`). `build_parser()` builds all of them (help, completion
 scripts, man pages).

@@ -160,7 +160,8 @@ def toml_page() -> str:
     for section, keys in SCHEMA.items():
         lines.append(f".SH [{roff(section)}]")
         if not keys:
-            lines.append(roff("free-form KEY = VALUE labels (see the README's Exports)"))
+            lines.append(roff("free-form KEY = \"value\" labels (rack, leaf, ...): exported to Kubernetes "
+                               "NodeResourceTopology attributes, GET /v1/topology and Slurm topology.conf trees"))
         for key, (kind, default) in keys.items():
             written, comment = comments.get((section, key), ("", ""))
             kind_name = kind if isinstance(kind, str) else getattr(kind, "__name__", str(kind))

@@ -138,7 +138,7 @@ def _untranslated() -> None:
 def _fewer_collections() -> None:
     """A command's start-up (its imports, a discovery) makes tens of thousands of objects
     and frees few: with the default thresholds `topoctl topo --json` ran 23-26 collections
-    over them, walking the growing heap (2-4 ms of a 40-75 ms run, issue 26). Collect per
+    over them, walking the growing heap (2-4 ms of a 40-75 ms run). Collect per
     100,000 new objects instead; a long-running command (watch) is still collected."""
     import gc
 
@@ -149,7 +149,7 @@ def _end_process(code: int) -> None:
     """End a real command line's process now, with `code`: exit handlers run and the
     standard streams are flushed as at any exit, but the interpreter's teardown (every
     module and object freed one by one, a last collection) is skipped: ~4 ms of a 35-60
-    ms `topoctl topo --json` (issue 26). topoctl starts no threads to wait for, and every
+    ms `topoctl topo --json`. topoctl starts no threads to wait for, and every
     file it writes is closed by the command that wrote it."""
     import atexit
 

@@ -7,7 +7,7 @@ of, each usable alone (the CLI and tests do).
 
 The names below are loaded on first use: the daemon imports topod.irq.settings (its
 configuration schema) but runs the balancer in the IRQ worker process, so importing the
-package must not load the whole pipeline into the daemon (~1 MiB, issue 26).
+package must not load the whole pipeline into the daemon (~1 MiB of memory).
 """
 
 from __future__ import annotations

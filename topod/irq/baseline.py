@@ -45,7 +45,7 @@ class Baseline:
         """affinity becomes the baseline's own (updated by later writes). The pools and
         their indexes depend only on the topology, settings, leased CPUs and each device's
         IRQs: when `previous` (the baseline this one replaces, dropped after) had the same,
-        they are taken over rather than computed again (a quiet host's cycle, issue 26)."""
+        they are taken over rather than computed again (a quiet host's cycle then costs little)."""
         base = cls(topology, settings, mode, may_write, held, leased, irqs, affinity, load, background)
         for irq, info in irqs.items():
             if info.device is not None:

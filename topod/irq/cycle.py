@@ -283,7 +283,7 @@ class IrqBalancer(CycleWrites):
         )
         # The plan is a pure function of these: a cycle on a quiet host (no IRQ moved, no
         # rate changed, no lease or cooldown ended) reuses the last one instead of planning
-        # every IRQ again; comparing the inputs costs a fraction of that (issue 26).
+        # every IRQ again; comparing the inputs costs a fraction of that.
         last = self._last_plan
         if last is not None and last[0] is topology and last[1] is self.settings and last[2] == inputs \
                 and list(last[2].irqs) == list(inputs.irqs):  # the same order too: plan_irqs walks it

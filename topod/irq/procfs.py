@@ -87,7 +87,7 @@ def parse_interrupts(text: str, previous: Interrupts | None = None) -> Interrupt
     With `previous` (the last parse, same CPU columns), a line whose text is unchanged is
     not split and converted again: its parsed line is reused. On a quiet host most device
     IRQs take no interrupt between two cycles, and the column conversion (192 CPUs x 108
-    IRQs on the h800 host) was a third of the IRQ worker's idle cycle (issue 26)."""
+    IRQs on the h800 host) was a third of the IRQ worker's idle cycle."""
     lines = text.splitlines()
     header = lines[0].split() if lines else []
     cpus = tuple(int(tok[3:]) for tok in header if tok.startswith("CPU") and tok[3:].isdigit())
@@ -224,8 +224,8 @@ def read_snapshot(host: HostRoot, now: float, previous: Snapshot | None = None) 
 # last cycle (it took an interrupt, or it is new), and every IRQ's at least this often.
 # An IRQ that took no interrupt loads no CPU wherever it points, and the cycle's own
 # writes keep the view of what topod moved current; so on a quiet host a cycle reads
-# three files, not two per IRQ (216 on the h800 host: most of the IRQ worker's idle CPU,
-# issue 26). A change made by someone else to an IRQ that stays silent is seen within
+# three files, not two per IRQ (216 on the h800 host: most of the IRQ worker's idle
+# CPU). A change made by someone else to an IRQ that stays silent is seen within
 # this refresh.
 AFFINITY_REFRESH_SECONDS = 60.0
 

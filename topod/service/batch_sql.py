@@ -3,7 +3,7 @@
 Each statement the writer thread runs gives up the GIL while SQLite works and must win it
 back from the event loop, which holds it most of the time under load: under saturation a
 commit of 11 changes (29 statements) took 0.5 ms at p50 against 0.15 ms for one change
-alone (issue 26). Merged, a batch of any size is at most a handful of statements.
+alone. Merged, a batch of any size is at most a handful of statements.
 
 Merging reorders: every insert, then the updates (in their own order), then every delete.
 That is the order of any one lease's changes within a batch (it is inserted before it can

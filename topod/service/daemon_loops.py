@@ -24,7 +24,7 @@ log = structlog.get_logger("topod")
 REAP_INTERVAL = 1.0
 # With no lease and no waiting request nothing can expire, lose its owner or be abandoned:
 # the reaper then sleeps until a grant or a queued request (or this long, its watchdog beat)
-# instead of waking every second on an idle host (issue 26).
+# instead of waking every second on an idle host (each wake-up costs idle CPU).
 REAP_IDLE_SECONDS = 20.0
 LOAD_INTERVAL = 10.0
 # Isolation with no CPU leased and nothing narrowed to give back waits for a lease change
@@ -33,7 +33,7 @@ ISOLATE_IDLE_SECONDS = 20.0
 EXPORTS_IDLE_SECONDS = 60.0
 # The API's beat: a request over its own connection, through the whole HTTP stack. Each
 # cost the idle daemon ~3-4 ms (a cold wake-up); every 10 s rather than 5 s halves that
-# (issue 26's idle CPU) and leaves the loop's stall deadline as it was (60 s).
+# idle CPU and leaves the loop's stall deadline as it was (60 s).
 LIVENESS_INTERVAL = 10.0
 LIVENESS_TIMEOUT = 10.0
 

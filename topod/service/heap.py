@@ -20,7 +20,7 @@ log = structlog.get_logger("topod")
 def _return_free_heap() -> None:
     """Start-up (discovery, the engine's warm-up) frees much more than it keeps; glibc holds
     the freed pages in its heap until told to give them back (malloc_trim(3)): ~1 MiB of
-    PSS at idle on the h800 host otherwise (issue 26). Without glibc, nothing to do."""
+    PSS at idle on the h800 host otherwise. Without glibc, nothing to do."""
     try:
         # Imported here, and so possibly while descriptors run out (a flood of clients):
         # then EMFILE, and the heap is simply not trimmed this time.

@@ -1,4 +1,4 @@
-"""The daemon's side of per-lease systemd scopes (issue 28).
+"""The daemon's side of per-lease systemd scopes.
 
 - `place`: POST /v1/leases/{id}/scope {"pid": N}. A local scheduler puts a process it
   started in its lease's scope, topod-lease-<id>.scope (created with the lease's

@@ -202,7 +202,7 @@ def _write_owned(path: Path, data: bytes, uid: int, gid: int) -> None:
     finally:
         os.close(base)
     try:
-        temp = f".{path.name}.{os.urandom(8).hex()}.tmp"  # secrets.token_hex, without hashlib's libcrypto (issue 26)
+        temp = f".{path.name}.{os.urandom(8).hex()}.tmp"  # secrets.token_hex, without importing hashlib's libcrypto
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
                      dir_fd=user_dir)
         try:

@@ -178,7 +178,7 @@ def watchdog_interval(environ: Mapping[str, str] | None = None, pid: int | None 
 # Without WatchdogSec (no pings asked for), how often stalls are looked for and STATUS=
 # refreshed: as often as the shipped unit's pings (WatchdogSec=30: every 15 s). The
 # daemon's loop deadlines are 30 s or more (60 s by default), so a stall is still named
-# within half its deadline, and an idle daemon is not woken every 5 s (issue 26).
+# within half its deadline, and an idle daemon is not woken every 5 s (each wake-up costs idle CPU).
 IDLE_INTERVAL = 15.0
 
 
