@@ -184,6 +184,20 @@ def test_the_slurm_gres_example_is_what_topoctl_writes(doctor_scene, capsys):
     assert printed[0].startswith(f"topoctl: root {DEMO_ROOT}; ")
 
 
+def test_the_amd_example_is_what_topoctl_writes(tmp_path, capsys):
+    """docs/exports.md's MI300X session, run as shown: the example host, then its gres.conf
+    with render nodes and xGMI links."""
+    from topod.cli.topoctl import main
+
+    shown_root, root = "/tmp/mi300x", tmp_path / "mi300x"
+    for command in (f"topoctl example-host mi300x-8gpu {shown_root}", f"topoctl export slurm-gres --root {shown_root}"):
+        shown = _console_example(EXPORTS, command)
+        status = main(["--socket", str(tmp_path / "no-daemon.sock"), *command.replace(shown_root, str(root)).split()[1:]])
+        assert status == 0
+        assert capsys.readouterr().out.replace(str(root), shown_root).splitlines() == shown
+    assert "File=/dev/dri/renderD128" in shown[4] and "Links=-1,1,1,1,1,1,1,1" in shown[4]
+
+
 def test_the_doctor_example_is_what_doctor_prints(doctor_scene, capsys):
     shown = _console_example(OPERATIONS, f"topoctl doctor --root {DEMO_ROOT}")
     status, printed = _topoctl(["doctor", "--root", str(doctor_scene)], doctor_scene, capsys)
