@@ -52,6 +52,7 @@ SCHEMA: dict[str, dict[str, tuple[object, object]]] = {
     "alloc": {
         "reserved_cpus": ("cpulist", ""),
         "reserved_cpus_per_node": (int, 0),
+        "housekeeping_cores_per_node": (int, 1),
         "cpus_per_gpu": ("cpus_per_gpu", "auto"),
         "default_level": (str, "good"),
         "aging_seconds": (float, _POLICY.aging_seconds),

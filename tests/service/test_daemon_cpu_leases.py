@@ -30,10 +30,17 @@ NODE1 = {2, 3}
 CONTINUOUS = '[irq]\nmode = "continuous"\ninterval_seconds = 3600.0\n[probe]\nenabled = false\n'
 
 
+# Two CPUs per node: the guest keeps no housekeeping core, or each node would lease one CPU
+# (housekeeping cores on a larger host: test_housekeeping_cores.py).
+NO_HOUSEKEEPING = "[alloc]\nhousekeeping_cores_per_node = 0\n"
+DRY_RUN = '[irq]\nmode = "dry-run"\n[probe]\nenabled = false\n'
+
+
 @pytest.fixture()
 def guest(daemon_factory, tmp_path):
     def make(config: str = ""):
-        return daemon_factory(config=config, root=build_host(GUEST, tmp_path / "guest-root"))
+        return daemon_factory(config=NO_HOUSEKEEPING + (config or DRY_RUN),
+                              root=build_host(GUEST, tmp_path / "guest-root"))
 
     return make
 

@@ -19,7 +19,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_a_lease_whose_cpus_are_out_of_reach_is_enforcement_none(daemon_factory):
-    daemon = daemon_factory("pcie-8gpu", config='[irq]\nmode = "off"\n[probe]\nenabled = false\n')
+    daemon = daemon_factory("pcie-8gpu", config='[alloc]\nhousekeeping_cores_per_node = 0\n'  # CPU 0 leasable
+                                                '[irq]\nmode = "off"\n[probe]\nenabled = false\n')
     client = daemon.start()
     held = client.allocate(1, must_include=[0], cpus_per_gpu=2, level="any")
     assert 0 in held["cpus"], held["cpus"]  # CPU 0 held elsewhere: the run's lease cannot have it

@@ -18,25 +18,26 @@ from topod.jsonindent import dumps_indented
 EXIT_FINDINGS = 3
 
 
-def daemon_data(view) -> tuple[list[dict] | None, dict | None]:  # noqa: ANN001 - DaemonView
-    """(leases, irq_plan) from the daemon serving the view's root, or (None, None).
+def daemon_data(view) -> tuple[list[dict] | None, dict | None, dict | None]:  # noqa: ANN001 - DaemonView
+    """(leases, irq_plan, health) from the daemon serving the view's root, or Nones.
 
     Doctor never needs the daemon; with one, leases and the IRQ plan sharpen the checks.
     A daemon serving another root is ignored: its leases say nothing about this tree."""
     from topod.client import ApiError
 
     if not view.serves_root:
-        return None, None
+        return None, None, None
     try:
         leases = [{"id": lease["id"], "owner": str(lease.get("job") or lease["owner_uid"]), "gpus": lease["gpus"],
                    "cpus": lease["cpus"], "pids": [p for p in (lease.get("owner_pid"),) if p]}
                   for lease in view.leases()]
         report = view.client.request("GET", "/v1/irqs")
+        health = view.client.health()
     except ApiError:
-        return None, None
+        return None, None, None
     plan = {str(entry["irq"]): entry.get("planned") or entry.get("current") or []
             for entry in report.get("irqs", [])}
-    return leases, plan or None
+    return leases, plan or None, health
 
 
 def _load_json(path: str, what: str) -> object:
@@ -51,10 +52,10 @@ def _load_json(path: str, what: str) -> object:
         raise DoctorInputError(f"{what} {path}: not JSON ({exc.msg} at line {exc.lineno})") from exc
 
 
-def gather_inputs(args: argparse.Namespace, view) -> tuple[list[dict] | None, dict | None]:  # noqa: ANN001
+def gather_inputs(args: argparse.Namespace, view) -> tuple[list[dict] | None, dict | None, dict | None]:  # noqa: ANN001
     from topod.doctor import DoctorInputError
 
-    leases, plan = daemon_data(view)
+    leases, plan, health = daemon_data(view)
     if args.leases_file:
         leases = _load_json(args.leases_file, "--leases-file")
         if not isinstance(leases, list):
@@ -63,7 +64,7 @@ def gather_inputs(args: argparse.Namespace, view) -> tuple[list[dict] | None, di
         plan = _load_json(args.irq_plan_file, "--irq-plan-file")
         if not isinstance(plan, dict):
             raise DoctorInputError(f"--irq-plan-file {args.irq_plan_file}: expected a JSON object {{irq: [cpus]}}")
-    return leases, plan
+    return leases, plan, health
 
 
 def pids_of_leases(wanted: list[str], leases: list[dict] | None) -> list[int]:
@@ -104,12 +105,12 @@ def run_doctor(args: argparse.Namespace) -> int:
     view.announce(args.json)
     host = HostRoot(view.root)
     topology = discover(host)
-    leases, plan = gather_inputs(args, view)
+    leases, plan, health = gather_inputs(args, view)
     pids = list(args.pid or [])
     if args.lease:
         pids += pids_of_leases(args.lease, leases)
     report = diagnose(host, topology, pids=pids if (args.pid or args.lease) else None, leases=leases,
-                      irq_plan=plan, interrupts=sample_interrupts(host, args.irq_interval))
+                      irq_plan=plan, interrupts=sample_interrupts(host, args.irq_interval), daemon_health=health)
     if args.json:
         sys.stdout.write(dumps_indented(report_to_json(report)) + "\n")
     else:

@@ -60,7 +60,7 @@ def run_topo(args: argparse.Namespace) -> int:
     if view.serves_root:
         from topod.cli.doctor_cmd import daemon_data
 
-        leases, irq_plan = daemon_data(view)
+        leases, irq_plan, _ = daemon_data(view)
     return int(draw(topology, fmt, args.output, leases=leases, irq_plan=irq_plan) or 0)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
+from topod.doctor.context import daemon_setup_from_health
 from topod.doctor.findings import DoctorInputError, DoctorSettings, Finding, IrqLine, Lease, lease_from_dict
 from topod.doctor.procs import (
     gpu_processes,
@@ -42,12 +43,15 @@ def diagnose(
     interrupts: InterruptSample | None = None,
     settings: DoctorSettings | None = None,
     use_nvml: bool | None = None,
+    daemon_health: Mapping[str, object] | None = None,
 ) -> DoctorReport:
     """Diagnose the given PIDs, or every process holding a GPU open.
 
     leases: [{id, owner, gpus, cpus, pids}] or None when no daemon answered (then rules
     that need them say so). irq_plan: {irq: [cpu, ...]}, where topod's IRQ plan puts each
-    vector. use_nvml: ask NVML for GPU processes too; default: only on a live root."""
+    vector. use_nvml: ask NVML for GPU processes too; default: only on a live root.
+    daemon_health: GET /v1/health of the daemon serving this root (its IRQ mode and
+    isolation are checked against the leases it holds)."""
     notes: list[str] = []
     lease_values = tuple(lease_from_dict(item) for item in leases) if leases is not None else ()
     if leases is None:
@@ -86,6 +90,7 @@ def diagnose(
         minor_map=minors,
         settings=settings or DoctorSettings(),
         notes=tuple(notes),
+        daemon=daemon_setup_from_health(daemon_health) if daemon_health is not None else None,
     )
     return build_report(str(host.root), topology, processes, inputs, others)
 

@@ -14,6 +14,7 @@ SYS_NUMA = "/sys/bus/pci/devices/{address}/numa_node"
 NODE_CPULIST = "/sys/devices/system/node/node{node}/cpulist"
 ISOLATED = "/sys/devices/system/cpu/isolated"
 SIBLINGS = "/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list"
+HEALTH = "GET /v1/health"  # what the daemon said of itself (not a file, but where the value came from)
 
 
 class DoctorInputError(TopodError):
@@ -90,6 +91,28 @@ class IrqLine:
 
 
 @dataclass(frozen=True, slots=True)
+class DaemonSetup:
+    """How the daemon serving this root is set up (from GET /v1/health): whether what it
+    promises a lease (device IRQs kept off its CPUs, the host's threads kept off them)
+    is being done at all."""
+
+    irq_mode: str  # on | dry-run | off
+    isolation: bool  # [isolate] system: the host's own threads kept off leased CPUs
+
+
+def daemon_setup_from_health(health: object) -> DaemonSetup | None:
+    """The daemon's health answer -> DaemonSetup; None for an answer that lacks the fields."""
+    if not isinstance(health, dict):
+        return None
+    irq, isolation = health.get("irq"), health.get("isolation")
+    mode = irq.get("mode") if isinstance(irq, dict) else None
+    if not isinstance(mode, str):
+        return None
+    system = isolation.get("system") if isinstance(isolation, dict) else None
+    return DaemonSetup(mode, system is True)
+
+
+@dataclass(frozen=True, slots=True)
 class Job:
     """A process under diagnosis with its GPUs and cores resolved."""
 
@@ -114,6 +137,7 @@ class HostContext:
     rates_known: bool = False
     jobs: tuple[Job, ...] = ()  # every GPU process found, for 'free' and 'shared core' questions
     settings: DoctorSettings = field(default_factory=DoctorSettings)
+    daemon: DaemonSetup | None = None  # the daemon serving this root, when one answered
 
     def node_of(self, cpu: int) -> int | None:
         found = self.topology.cpu(cpu)

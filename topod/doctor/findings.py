@@ -12,6 +12,7 @@ from math import comb
 from topod.cpulist import format_cpulist
 from topod.distance import DistanceModel
 from topod.doctor.context import (
+    HEALTH,
     ISOLATED,
     NODE_CPULIST,
     SEVERITIES,
@@ -27,7 +28,8 @@ from topod.doctor.context import (
 )
 
 __all__ = ["PROCESS_RULES", "SEVERITIES", "DoctorInputError", "DoctorSettings", "Finding", "HostContext", "IrqLine",
-           "Job", "Lease", "gpus_spread", "irqs_on_isolated", "lease_from_dict"]
+           "Job", "Lease", "daemon_not_keeping_leases", "gpus_spread", "irqs_on_isolated", "irqs_on_leased_cpus",
+           "lease_from_dict"]
 
 MAX_COMBINATIONS = 5000  # above this, the tightest free GPU set is chosen greedily
 
@@ -409,3 +411,68 @@ def irqs_on_isolated(ctx: HostContext) -> list[Finding]:
         f"for irq in {' '.join(str(line.irq) for line in lines)}; do echo {format_cpulist(housekeeping)} > "
         f"/proc/irq/$irq/smp_affinity_list; done   # housekeeping CPUs",
         tuple([ISOLATED] + [line.source for line in lines]))]
+
+
+def irqs_on_leased_cpus(ctx: HostContext) -> list[Finding]:
+    """RDMA/NVMe interrupts delivered to a lease's CPUs, for leases whose processes were
+    not checked one by one (irq_on_cores says it for those): a lease taken and not yet
+    run on, or run by processes doctor cannot see."""
+    covered = {job.lease.id for job in ctx.jobs if job.lease is not None}
+    findings = []
+    for lease in ctx.leases:
+        if lease.id in covered or not lease.cpus:
+            continue
+        cpus = set(lease.cpus)
+        lines = [line for line in ctx.irqs if line.kind in ("rdma", "nvme") and cpus & set(line.cpus)]
+        if not lines:
+            continue
+        hit = sorted({c for line in lines for c in line.cpus} & cpus)
+        names = sorted({line.name for line in lines})
+        free = [c for c in ctx.topology.online_cpus
+                if not any(c in other.cpus for other in ctx.leases) and c not in set(ctx.topology.isolated_cpus)]
+        findings.append(Finding(
+            "warning", "irqs_on_leased_cpus",
+            f"{len(lines)} device IRQ(s) ({', '.join(names[:6])}{' …' if len(names) > 6 else ''}) are delivered to "
+            f"CPU(s) {format_cpulist(hit)} of lease {lease.id} ({lease.owner}): its job will share them with "
+            "interrupt handling",
+            {"lease": lease.id, "irqs": [line.irq for line in lines], "lease_cpus": format_cpulist(lease.cpus),
+             "hit": format_cpulist(hit)},
+            _irq_mode_fix(ctx) or (f"for irq in {' '.join(str(line.irq) for line in lines)}; do echo "
+                                   f"{format_cpulist(free) or '<cpus>'} > /proc/irq/$irq/smp_affinity_list; done"),
+            tuple(line.source for line in lines), lease=lease.id))
+    return findings
+
+
+def _irq_mode_fix(ctx: HostContext) -> str | None:
+    if ctx.daemon is None or ctx.daemon.irq_mode == "on":
+        return None
+    return ('set [irq] mode = "on" in /etc/topod/topod.toml, then systemctl reload topod: topod keeps device '
+            "IRQs off leased CPUs")
+
+
+def daemon_not_keeping_leases(ctx: HostContext) -> list[Finding]:
+    """Leases are held while the daemon serving this root does not keep device IRQs off
+    them (IRQ mode off or dry-run), or leaves the host's own threads free to run there
+    (isolation off: advice, as it is a choice)."""
+    if ctx.daemon is None or not ctx.leases:
+        return []
+    leased = sorted({c for lease in ctx.leases for c in lease.cpus})
+    findings = []
+    if ctx.daemon.irq_mode != "on":
+        doing = ("only plans IRQ placement, writing nothing" if ctx.daemon.irq_mode == "dry-run"
+                 else "balances no IRQs")
+        findings.append(Finding(
+            "warning", "irq_balancing_off",
+            f"{len(ctx.leases)} lease(s) held while topod {doing} ([irq] mode = \"{ctx.daemon.irq_mode}\"): device "
+            f"IRQs are not kept off the leased CPUs ({format_cpulist(leased) or 'none'})",
+            {"irq_mode": ctx.daemon.irq_mode, "leases": len(ctx.leases), "leased_cpus": format_cpulist(leased)},
+            _irq_mode_fix(ctx) or "", (HEALTH,)))
+    if not ctx.daemon.isolation:
+        findings.append(Finding(
+            "info", "isolation_off",
+            f"{len(ctx.leases)} lease(s) held and [isolate] system is off: the host's own services may run on "
+            f"the leased CPUs ({format_cpulist(leased) or 'none'})",
+            {"isolation": False, "leases": len(ctx.leases), "leased_cpus": format_cpulist(leased)},
+            "set [isolate] system = true in /etc/topod/topod.toml, then systemctl reload topod: the system "
+            "slices are narrowed off leased CPUs while leases live", (HEALTH,)))
+    return findings

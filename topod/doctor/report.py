@@ -16,9 +16,12 @@ from topod.doctor.findings import (
     IrqLine,
     Job,
     Lease,
+    daemon_not_keeping_leases,
     gpus_spread,
     irqs_on_isolated,
+    irqs_on_leased_cpus,
 )
+from topod.doctor.context import DaemonSetup
 from topod.doctor.nics import NOT_CHECKED, check_nics
 from topod.doctor.procs import ProcessFacts
 from topod.distance import DistanceModel
@@ -107,6 +110,7 @@ class DoctorInputs:
     minor_map: dict[int, str] = field(default_factory=dict)  # /dev/nvidiaN minor -> PCI address
     settings: DoctorSettings = field(default_factory=DoctorSettings)
     notes: tuple[str, ...] = ()
+    daemon: DaemonSetup | None = None  # the daemon serving the root, when one answered
 
 
 def resolve_gpus(process: ProcessFacts, topology: Topology, minor_map: dict[int, str],
@@ -178,7 +182,7 @@ def build_report(root: str, topology: Topology, processes: list[ProcessFacts], i
     reported = {p.pid for p in processes}
     context = jobs + tuple(resolve_job(p, topology, inputs) for p in others if p.pid not in reported)
     ctx = HostContext(topology, inputs.leases, inputs.leases_known, inputs.irqs, inputs.rates_known, context,
-                      inputs.settings)
+                      inputs.settings, inputs.daemon)
     model = DistanceModel(topology)
     reports = []
     for job in jobs:
@@ -200,7 +204,8 @@ def build_report(root: str, topology: Topology, processes: list[ProcessFacts], i
     notes = list(inputs.notes)
     if not jobs:
         notes.append("no process holds a GPU open (/proc/*/fd -> /dev/nvidiaN)")
-    return DoctorReport(root, topology, tuple(reports), tuple(job_findings), tuple(irqs_on_isolated(ctx)), tuple(notes))
+    host_findings = irqs_on_isolated(ctx) + irqs_on_leased_cpus(ctx) + daemon_not_keeping_leases(ctx)
+    return DoctorReport(root, topology, tuple(reports), tuple(job_findings), tuple(host_findings), tuple(notes))
 
 
 # ---------------------------------------------------------------- output

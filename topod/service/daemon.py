@@ -117,8 +117,11 @@ class Daemon(DaemonReports, DaemonLoops):
     def _reserved_cpus(self) -> set[int]:
         """Never leased: [alloc] reserved_cpus, [irq] housekeeping_cpus, and the first
         reserved_cpus_per_node CPUs of each node with their hyper-thread siblings (so a
-        reserved core is never half leased)."""
+        reserved core is never half leased), and each node's housekeeping cores."""
+        from topod.alloc.housekeeping import housekeeping_cpus
+
         reserved = set(cpus(self.config, "alloc", "reserved_cpus")) | set(cpus(self.config, "irq", "housekeeping_cpus"))
+        reserved |= housekeeping_cpus(self.state.topology, int(self.config.get("alloc", "housekeeping_cores_per_node")))
         per_node = int(self.config.get("alloc", "reserved_cpus_per_node"))
         if per_node:
             topology = self.state.topology
