@@ -78,7 +78,7 @@ def test_a_grant_in_the_same_step_as_the_wait_timeout_is_answered_not_orphaned(l
         def release_and_stall() -> None:
             # The release's commit and the waiter's deadline both complete while the loop
             # is blocked, so the next loop step sees them together.
-            service._end(store.get(holder.id), "lease_released", reason="test")
+            service.lifecycle.end(store.get(holder.id), "lease_released", reason="test")
             time.sleep(0.4)
 
         asyncio.get_running_loop().call_later(0.1, release_and_stall)
@@ -266,7 +266,7 @@ def test_a_pidfd_failure_other_than_esrch_keeps_the_owner_lease(ledger, code):
     def failing_pidfd(pid: int) -> int:
         raise OSError(code, os.strerror(code))
 
-    service.owner_watch = OwnerWatch(service._owner_exited, pidfd_open=failing_pidfd)
+    service.lifecycle.owner_watch = OwnerWatch(service.lifecycle.owner_exited, pidfd_open=failing_pidfd)
     owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         async def scenario():
@@ -293,7 +293,7 @@ def test_a_vanished_owner_still_ends_its_lease_at_once(ledger):
     def gone(pid: int) -> int:
         raise ProcessLookupError(errno.ESRCH, "No such process")
 
-    service.owner_watch = OwnerWatch(service._owner_exited, pidfd_open=gone)
+    service.lifecycle.owner_watch = OwnerWatch(service.lifecycle.owner_exited, pidfd_open=gone)
     owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         async def scenario():

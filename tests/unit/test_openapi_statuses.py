@@ -28,15 +28,18 @@ from topod.service.leases import LeaseService
 
 DOCUMENT = openapi_document()
 # What an attribute reached through the backend is: `backend.x` is the daemon's, `….alloc.x`
-# the lease service's (and `….scopes.x` the lease scopes', `….store.x` the lease store's).
+# the lease service's (and `….scopes.x` the lease scopes', `….store.x` the lease store's,
+# `….lifecycle.x` and `….queue.x` the parts the lease service holds).
 OWNERS: dict[str, type] = {"backend": Daemon, "alloc": LeaseService}
 
 
 def _owners() -> dict[str, type]:
+    from topod.service.lease_lifecycle import LeaseLifecycle
+    from topod.service.lease_queue import WaitingQueue
     from topod.service.lease_scope import LeaseScopes
     from topod.service.lease_store import LeaseStore
 
-    return {**OWNERS, "scopes": LeaseScopes, "store": LeaseStore}
+    return {**OWNERS, "scopes": LeaseScopes, "store": LeaseStore, "lifecycle": LeaseLifecycle, "queue": WaitingQueue}
 
 
 class _Backend:
@@ -243,6 +246,19 @@ def test_the_finder_sees_an_authorization_refusal_deep_in_the_daemon():
     found = StatusFinder().statuses(handler)
     assert 403 in found and any("telemetry_authority" in source for source in found[403]), found.get(403)
     assert {400, 408, 413, 415} <= set(found), "the body's errors, from read_json"
+
+
+def test_the_finder_follows_the_lease_service_into_the_parts_it_holds():
+    # DELETE /v1/leases/{id}: 404 and 403 come from the lease lifecycle the service holds;
+    # POST /v1/leases: a full queue (503) and a wait that times out from the waiting path
+    release = next(h for m, p, h in ROUTES if (m, p) == ("DELETE", "/v1/leases/{id}"))
+    found = StatusFinder().statuses(release)
+    assert any("LeaseLifecycle" in source for source in found.get(404, ())), found.get(404)
+    assert any("LeaseLifecycle" in source for source in found.get(403, ())), found.get(403)
+    create = next(h for m, p, h in ROUTES if (m, p) == ("POST", "/v1/leases"))
+    sources = {source for where in StatusFinder().statuses(create).values() for source in where}
+    assert any(source.startswith("QueueFullError") for source in sources), sorted(sources)
+    assert any(source.startswith("WaitTimeoutError") for source in sources), sorted(sources)
 
 
 def test_each_documented_error_status_names_the_codes_the_server_gives_it():

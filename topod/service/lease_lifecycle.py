@@ -1,8 +1,9 @@
-"""Held leases (a mixin of topod.service.leases.LeaseService): what happens to a lease
-after its grant. Release and revoke, renewal, its systemd scope, ending it (the change,
-its commit, its events and files), reaping the expired, the abandoned and those whose
-owner process exited, recovery after a crash, and the leases' fate when hardware
-changes. Every change goes through the LeaseStore and is answered once on disk.
+"""Held leases: what happens to a lease after its grant. Release and revoke, renewal, its
+systemd scope, preemption on a waiting request's behalf, ending it (the change, its commit,
+its events and files), reaping the expired and those whose owner process exited, recovery
+after a crash, and the leases' fate when hardware changes. Every change goes through the
+LeaseStore and is answered once on disk. The lease service (topod.service.leases) holds a
+LeaseLifecycle and gives it the store, the event bus and the clock.
 """
 
 from __future__ import annotations
@@ -10,16 +11,18 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 import structlog
 
 from topod.alloc.errors import InvalidRequestError
 from topod.api.peer import Caller
 from topod.errors import TopodError
+from topod.events import EventBus
 from topod.service.lease import Lease
 from topod.service.lease_rules import PermissionDeniedError
-from topod.service.lease_store import LeaseStoreError
-from topod.service.owner import process_exists, process_start_time
+from topod.service.lease_store import LeaseStore, LeaseStoreError
+from topod.service.owner import OwnerWatch, process_exists, process_start_time
 
 log = structlog.get_logger("topod")
 
@@ -29,14 +32,28 @@ class LeaseNotFoundError(TopodError):
 
 
 class LeaseLifecycle:
+    """Held leases, from their grant to their end. Owns the watch on owner processes; told
+    by the lease service how to forget a lease's files (`forget_files`, before its end is
+    published) and called back once a lease's GPUs are free (`freed`: the queue is served)."""
+
+    def __init__(self, store: LeaseStore, bus: EventBus, clock: Callable[[], float],
+                 forget_files: Callable[[Lease], None], freed: Callable[[], None]) -> None:
+        self.store = store
+        self.bus = bus
+        self.clock = clock
+        self._forget_files = forget_files
+        self._freed = freed
+        self.owner_watch = OwnerWatch(self.owner_exited)
+
     def get(self, lease_id: str) -> Lease:
         lease = self.store.get(lease_id)
         if lease is None:
             raise LeaseNotFoundError(f"no lease {lease_id!r}")
         return lease
 
-    def _owned(self, request: str, lease_id: str, caller: Caller) -> Lease:
-        """The lease `caller` may release or renew; a refusal (404, 403) is logged."""
+    def owned(self, request: str, lease_id: str, caller: Caller) -> Lease:
+        """The lease `caller` may release, renew or change (its owner uid or root); a
+        refusal (404, 403) is logged."""
         try:
             lease = self.get(lease_id)
         except LeaseNotFoundError as exc:
@@ -51,8 +68,8 @@ class LeaseLifecycle:
 
     def start_release(self, lease_id: str, caller: Caller) -> tuple[Lease, asyncio.Future | None]:
         """release's synchronous part: (the lease, the commit of its end); a refusal raised."""
-        lease = self._owned("release", lease_id, caller)
-        return self._end(lease, "lease_released", reason="released")
+        lease = self.owned("release", lease_id, caller)
+        return self.end(lease, "lease_released", reason="released")
 
     def when_committed(self, lease: Lease, commit: asyncio.Future | None,
                        answer: Callable[[Lease | None, BaseException | None], None]) -> None:
@@ -79,19 +96,15 @@ class LeaseLifecycle:
             lease = self.get(lease_id)
         except LeaseNotFoundError as exc:
             raise self._refuse_change("revoke", "not_found", exc, caller, lease_id) from None
-        return await self._committed(self._end(lease, "lease_revoked", reason=reason))
+        return await self._committed(self.end(lease, "lease_revoked", reason=reason))
 
     # -- a lease's systemd scope (topod.service.lease_scope) ---------------------------
-    def owned(self, request: str, lease_id: str, caller: Caller) -> Lease:
-        """The lease `caller` may change (its owner uid or root); refusals are logged."""
-        return self._owned(request, lease_id, caller)
-
     async def record_scope(self, lease_id: str, unit: str, enforcement: str) -> Lease | None:
         """The lease now has its job in `unit`, held as `enforcement` says; None if it ended meanwhile."""
         lease = self.store.get(lease_id)
         if lease is None:
             return None
-        commit = self._update(replace(lease, scope=unit, enforcement=enforcement))
+        commit = self.update(replace(lease, scope=unit, enforcement=enforcement))
         if commit is not None:
             await asyncio.shield(commit)
         return self.store.get(lease_id)
@@ -99,12 +112,12 @@ class LeaseLifecycle:
     def scope_ended(self, lease_id: str, unit: str) -> Lease | None:
         """The lease's scope is gone (its last process exited, or it was stopped): the lease ends."""
         lease = self.store.get(lease_id)
-        return None if lease is None else self._end(lease, "lease_released", reason=f"scope {unit} ended")[0]
+        return None if lease is None else self.end(lease, "lease_released", reason=f"scope {unit} ended")[0]
 
-    async def renew(self, lease_id: str, caller: Caller, ttl_seconds: float | None) -> Lease:
+    async def renew(self, lease_id: str, caller: Caller, ttl_seconds: float | None, max_ttl_seconds: float) -> Lease:
         """ttl_seconds: validated by the API (finite, > 0, within the cap); None renews with
-        the lease's own ttl."""
-        lease = self._owned("renew", lease_id, caller)
+        the lease's own ttl. max_ttl_seconds: [alloc] renew_max_ttl_seconds."""
+        lease = self.owned("renew", lease_id, caller)
         ttl = lease.ttl_seconds if ttl_seconds is None else ttl_seconds
         if ttl is None and not lease.confirmed:
             # A lease brought back unconfirmed after a crash: its holder says it has it.
@@ -113,26 +126,35 @@ class LeaseLifecycle:
             raise self._refuse_change("renew", "invalid", InvalidRequestError(
                 "ttl_seconds", "this lease has no ttl; give one to renew"), caller, lease_id)
         else:
-            ttl = min(float(ttl), self.limits.max_ttl_seconds)
+            ttl = min(float(ttl), max_ttl_seconds)
             renewed = replace(lease, expires=self.clock() + ttl, ttl_seconds=ttl, confirmed=True)
-        commit = self._update(renewed)
+        commit = self.update(renewed)
         if commit is not None:
             await asyncio.shield(commit)
         self.bus.publish("lease_renewed", lease=lease_id, expires=renewed.expires)
         return self.store.get(lease_id) or renewed
 
+    def _refuse_change(self, request: str, result: str, error: TopodError, caller: Caller,
+                       lease_id: str) -> TopodError:
+        """A refused release/renew/revoke: `request_rejected` in the journal as a refused
+        allocation is (not counted among allocation requests); returns the error."""
+        self.bus.publish("request_rejected", request=request, result=result, code=getattr(error, "code", "error"),
+                         reason=str(error)[:300], uid=caller.uid, pid=caller.pid, lease=lease_id[:100])
+        return error
+
+    # -- changing and ending leases ----------------------------------------------------
     async def _committed(self, ended: tuple[Lease, asyncio.Future | None]) -> Lease:
         lease, commit = ended
         if commit is not None:
             await asyncio.shield(commit)
         return lease
 
-    def _update(self, lease: Lease) -> asyncio.Future | None:
+    def update(self, lease: Lease) -> asyncio.Future | None:
         commit = self.store.update(lease)
-        self._after(commit, None, lambda exc: log.error("lease_not_stored", lease=lease.id, error=str(exc)))
+        self.after(commit, None, lambda exc: log.error("lease_not_stored", lease=lease.id, error=str(exc)))
         return commit
 
-    def _end(self, lease: Lease, event: str, reason: str) -> tuple[Lease, asyncio.Future | None]:
+    def end(self, lease: Lease, event: str, reason: str) -> tuple[Lease, asyncio.Future | None]:
         removed = self.store.remove(lease.id)
         if removed is None:
             return lease, None
@@ -140,11 +162,10 @@ class LeaseLifecycle:
         self.owner_watch.unwatch(lease.id)
 
         def ended() -> None:
-            if self.files is not None:
-                self.files.remove_lease(lease)
+            self._forget_files(lease)
             self.bus.publish(event, lease=lease.id, gpus=list(lease.gpus), reason=reason, uid=lease.owner_uid)
             # Only now are its GPUs free (the store holds them until the delete is on disk).
-            self.process_queue()
+            self._freed()
 
         def not_ended(exc: BaseException) -> None:
             # The store has put the lease back as it is on disk: it still holds its GPUs.
@@ -152,11 +173,12 @@ class LeaseLifecycle:
             if lease.owner_pid and self.store.get(lease.id) is not None:
                 self.owner_watch.watch(lease.id, lease.owner_pid)
 
-        self._after(commit, ended, not_ended)
+        self.after(commit, ended, not_ended)
         return lease, commit
 
-    def _after(self, commit: asyncio.Future | None, ok: Callable[[], None] | None,
-               failed: Callable[[BaseException], None]) -> None:
+    def after(self, commit: asyncio.Future | None, ok: Callable[[], None] | None,
+              failed: Callable[[BaseException], None]) -> None:
+        """ok() once `commit` is on disk (at once without one), failed(error) if it failed."""
         if commit is None:
             if ok is not None:
                 ok()
@@ -173,42 +195,53 @@ class LeaseLifecycle:
 
         self.store.on_commit(commit, done)
 
-    def _owner_exited(self, lease_id: str) -> None:
+    # -- preemption on a waiting request's behalf ----------------------------------------
+    def preempt(self, victims: list[Lease], deadline: float, request_id: str) -> None:
+        """Ask each victim to give its GPUs back by `deadline` (it turns preempting)."""
+        for lease in victims:
+            self.update(replace(lease, state="preempting", preempt_deadline=deadline))
+            self.bus.publish("preemption_requested", lease=lease.id, deadline=deadline, request=request_id,
+                             gpus=list(lease.gpus), uid=lease.owner_uid)
+
+    def cancel_preemption(self, lease_ids: tuple[str, ...], request_id: str) -> None:
+        """The request they were preempted for is gone: victims still preempting are active again."""
+        for lease_id in lease_ids:
+            lease = self.store.get(lease_id)
+            if lease is not None and lease.state == "preempting":
+                self.update(replace(lease, state="active", preempt_deadline=None))
+                self.bus.publish("preemption_cancelled", lease=lease_id, request=request_id)
+
+    # -- the leases that end on their own -----------------------------------------------
+    def owner_exited(self, lease_id: str) -> None:
         lease = self.store.get(lease_id)
         if lease is not None:
-            self._end(lease, "lease_released", reason=f"owner process {lease.owner_pid} exited")
+            self.end(lease, "lease_released", reason=f"owner process {lease.owner_pid} exited")
 
     def reap(self) -> list[Lease]:
-        """End expired leases, leases whose owner died, and preemptions past their deadline;
-        drop waiters whose client is gone."""
+        """End expired leases, leases whose owner died, and preemptions past their deadline."""
         now = self.clock()
         ended = []
         for lease in self.store.all():
             if lease.expires is not None and lease.expires <= now:
-                ended.append(self._end(lease, "lease_released", reason="ttl expired")[0])
+                ended.append(self.end(lease, "lease_released", reason="ttl expired")[0])
             elif lease.owner_pid and not _owner_alive(lease):
-                ended.append(self._end(lease, "lease_released",
-                                       reason=f"owner process {lease.owner_pid} exited")[0])
+                ended.append(self.end(lease, "lease_released",
+                                      reason=f"owner process {lease.owner_pid} exited")[0])
             elif lease.state == "preempting" and lease.preempt_deadline is not None and lease.preempt_deadline <= now:
-                ended.append(self._end(lease, "lease_revoked", reason="preemption grace period over")[0])
-        for waiter in list(self.waiters):
-            if not waiter.future.done() and not waiter.connected():
-                waiter.future.cancel()
+                ended.append(self.end(lease, "lease_revoked", reason="preemption grace period over")[0])
         return ended
 
-    def recover(self) -> int:
-        """At start: every acknowledged lease is back; dead owners' and expired ones end.
+    def recover(self, unconfirmed_grace_seconds: float, topology: Any) -> None:
+        """At start, after the reap: every acknowledged lease is back and watched.
 
         A lease with neither ttl nor owner whose answer was never confirmed written (topod
         died between the commit and the answer) may be known to no one: it gets
         [alloc] unconfirmed_grace_seconds to be claimed by its holder (a renew, which
         confirms it) and ends after that, rather than holding its GPUs for ever."""
-        ended = self.reap()
-        grace = float(self.settings.get("unconfirmed_grace_seconds", 300.0))
         for lease in self.store.all():
             if not lease.confirmed and lease.expires is None:
-                expires = self.clock() + grace
-                self._update(replace(lease, expires=expires))
+                expires = self.clock() + unconfirmed_grace_seconds
+                self.update(replace(lease, expires=expires))
                 log.warning("lease_unconfirmed", lease=lease.id, gpus=list(lease.gpus), uid=lease.owner_uid,
                             job=lease.job, expires=expires,
                             reason="granted just before topod stopped; the answer may never have reached the "
@@ -216,31 +249,25 @@ class LeaseLifecycle:
         for lease in self.store.all():
             if lease.owner_pid:
                 self.owner_watch.watch(lease.id, lease.owner_pid)
-        self._check_devices()
-        return len(ended)
+        self.check_devices(topology)
 
     # -- hardware changes -----------------------------------------------------------
-    def _state_changed(self, kind: str) -> None:
-        if kind == "hardware":
-            self._check_devices()
-        self.process_queue()
-
-    def _check_devices(self) -> None:
+    def check_devices(self, topology: Any) -> None:
         """A lease whose GPU vanished (hot-unplug, unbind, another host under the same
         state dir) turns degraded, visibly; it turns active again when the GPU returns."""
-        present = {gpu.index: gpu.address for gpu in self.topology.gpus}
+        present = {gpu.index: gpu.address for gpu in topology.gpus}
         for lease in self.store.all():
             missing = tuple(p.index for p in lease.decision.placements if present.get(p.index) != p.address)
             if missing == lease.missing_gpus:
                 continue
             if missing:
                 state = "degraded" if lease.state == "active" else lease.state
-                self._update(replace(lease, state=state, missing_gpus=missing))
+                self.update(replace(lease, state=state, missing_gpus=missing))
                 self.bus.publish("lease_degraded", lease=lease.id, missing_gpus=list(missing),
                                  addresses=[p.address for p in lease.decision.placements if p.index in missing])
             else:
                 state = "active" if lease.state == "degraded" else lease.state
-                self._update(replace(lease, state=state, missing_gpus=()))
+                self.update(replace(lease, state=state, missing_gpus=()))
                 self.bus.publish("lease_restored", lease=lease.id, gpus=list(lease.gpus))
 
 

@@ -1,14 +1,16 @@
 """The lease service: the engine's decisions carried out on durable leases.
 
 Pure decisions come from topod.alloc (engine, policy, preemption); this shell owns
-granting: parsing a request, the decision, the grant and its delivery. Its mixins hold
-the rest: the environment a lease comes with (topod.service.lease_environment), a request
-that waits (topod.service.lease_waiting: the queue, gentle preemption), and what happens to
-a lease after its grant (topod.service.lease_lifecycle: release, revoke, renewal, expiry,
-owner-process watching, recovery, the leases' fate when hardware changes). Every change
-goes through the LeaseStore, whose group commit resolves a future once the change is on
-disk: callers answer only after it. A waiting request belongs to its connection: when
-the client goes, so does the request, and a grant made in that instant is taken back.
+granting: parsing a request, the decision, the grant and its delivery, and serving the
+requests that wait. It holds three parts and gives each only what it needs: an
+EnvironmentBuilder (topod.service.lease_environment: the variables a lease comes with),
+a WaitingQueue (topod.service.lease_queue: the waiters and their order) and a
+LeaseLifecycle (topod.service.lease_lifecycle: release, revoke, renewal, preemption,
+expiry, owner-process watching, recovery, the leases' fate when hardware changes). The
+API, the daemon and the lease scopes call this class only. Every change goes through the
+LeaseStore, whose group commit resolves a future once the change is on disk: callers
+answer only after it. A waiting request belongs to its connection: when the client goes,
+so does the request, and a grant made in that instant is taken back.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import structlog
 
@@ -29,33 +31,24 @@ from topod.api.peer import Caller
 from topod.enforce import lease_mode
 from topod.errors import AllocationError, TopodError
 from topod.events import EventBus
-from topod.service.lease import DecisionMemo, Lease, new_id
-from topod.service.lease_environment import LeaseEnvironment
+from topod.service.lease import Lease, new_id
+from topod.service.lease_environment import EnvironmentBuilder, LeaseFiles
 from topod.service.lease_lifecycle import LeaseLifecycle
-from topod.service.lease_queue import WAITABLE_CODES, Queued, Waiter
+from topod.service.lease_queue import (WAITABLE_CODES, Queued, QueuedRequestError, QueueFullError, WaitingQueue, Waiter,
+                                       WaitTimeoutError, withdraw)
 from topod.service.lease_rules import PermissionDeniedError, authorize_request, over_quota, telemetry_authority
 from topod.service.lease_store import LeaseStore, LeaseStoreError
-from topod.service.lease_waiting import LeaseWaiting
 from topod.service.owner import OwnerWatch, process_exists, process_start_time
 from topod.service.state import HostState
 
 log = structlog.get_logger("topod")
 
 
-class LeaseFiles(Protocol):
-    """Files that come with a lease (topod.service.nccl_files.NcclFiles)."""
-
-    def lease_environment(self, lease: Lease) -> dict[str, str]: ...
-    def lease_has_files(self, lease: Lease) -> bool: ...
-    def write_lease(self, lease: Lease) -> None: ...  # blocking: called in a worker thread
-    def remove_lease(self, lease: Lease) -> None: ...
-
-
 def _always_connected() -> bool:
     return True
 
 
-class LeaseService(LeaseEnvironment, LeaseWaiting, LeaseLifecycle):
+class LeaseService:
     def __init__(self, state: HostState, store: LeaseStore, bus: EventBus, settings: dict[str, Any],
                  reserved_cpus: set[int], clock: Callable[[], float] = time.time, pid_max: int = PID_MAX_LIMIT) -> None:
         self.pid_max = pid_max
@@ -63,8 +56,9 @@ class LeaseService(LeaseEnvironment, LeaseWaiting, LeaseLifecycle):
         self.store = store
         self.bus = bus
         self.clock = clock
-        self.waiters: list[Waiter] = []
-        self.owner_watch = OwnerWatch(self._owner_exited)
+        self.queue = WaitingQueue(bus)
+        self.lifecycle = LeaseLifecycle(store, bus, clock, self._forget_files, self.process_queue)
+        self.environments = EnvironmentBuilder()
         from topod.export.metrics import LatencyHistogram
 
         # Cumulative since start, as a Prometheus histogram must be (a window would let
@@ -79,7 +73,6 @@ class LeaseService(LeaseEnvironment, LeaseWaiting, LeaseLifecycle):
         self.host_enforcement = "none"
         self._free: tuple[tuple, FreeState] | None = None  # (what it was built from, the FreeState)
         self._by_index: tuple[Any, tuple[dict[int, Any], dict[str, int]]] = (None, ({}, {}))
-        self._environments = DecisionMemo()  # a decision's environment, per its uuids and the topology
         self.configure(settings, reserved_cpus)
         state.add_listener(self._state_changed)
 
@@ -94,6 +87,15 @@ class LeaseService(LeaseEnvironment, LeaseWaiting, LeaseLifecycle):
         self.quotas = GpuQuotas.from_settings(self.settings)
 
     # -- views ----------------------------------------------------------------
+    @property
+    def waiters(self) -> list[Waiter]:
+        """The requests waiting now, in the order they came."""
+        return self.queue.waiters
+
+    @property
+    def owner_watch(self) -> OwnerWatch:
+        return self.lifecycle.owner_watch
+
     @property
     def topology(self):
         return self.state.topology
@@ -227,8 +229,17 @@ class LeaseService(LeaseEnvironment, LeaseWaiting, LeaseLifecycle):
         commit = self.store.add(lease)
         if owner_pid:
             self.owner_watch.watch(lease.id, owner_pid)
-        self._after(commit, lambda: self._granted(lease), lambda exc: self._grant_failed(lease, exc))
+        self.lifecycle.after(commit, lambda: self._granted(lease), lambda exc: self._grant_failed(lease, exc))
         return lease, commit
+
+    def environment(self, lease: Lease) -> dict[str, str]:
+        """What a job needs to use its lease (topod.service.lease_environment)."""
+        return self.environments.build(lease, self.topology, self._gpus_by_index(), self.files)
+
+    def _forget_files(self, lease: Lease) -> None:
+        """The lease has ended: its files go (before its end is published)."""
+        if self.files is not None:
+            self.files.remove_lease(lease)
 
     def _granted(self, lease: Lease) -> None:
         self._count("granted", lease.decision.level)
@@ -272,7 +283,7 @@ class LeaseService(LeaseEnvironment, LeaseWaiting, LeaseLifecycle):
                                 connected: Callable[[], bool] = _always_connected) -> Lease:
         """The lease start_allocation began: waited for (Queued), then delivered."""
         if isinstance(started, Queued):
-            # Between the refusal and this (the API's hot path starts a task for it) leases
+            # Between the refusal and this (a caller may start waiting a step later) leases
             # may have ended: then the queue is served at once, this request included.
             changed = started.free is not self.free_state()
             return await self._wait(started.request, started.service, caller, connected, recheck=changed)
@@ -280,8 +291,8 @@ class LeaseService(LeaseEnvironment, LeaseWaiting, LeaseLifecycle):
 
     def start_allocation(self, body: Any, caller: Caller) -> tuple[Lease, asyncio.Future | None] | Queued:
         """allocate's part that needs no waiting: a refusal raised, a grant made at once
-        ((lease, commit): in the mirror now, on disk when commit resolves; the API's hot
-        path answers from the commit, see deliver), or Queued: the request waits its turn
+        ((lease, commit): in the mirror now, on disk when commit resolves, see deliver), or
+        Queued: the request waits its turn
         (finish_allocation)."""
         if not caller.may_allocate:
             raise self._refuse("denied", PermissionDeniedError("only root and members of the topod group may allocate"),
@@ -315,8 +326,8 @@ class LeaseService(LeaseEnvironment, LeaseWaiting, LeaseLifecycle):
                 answer: Callable[[Lease | None, BaseException | None], None]) -> None:
         """Once a granted lease is on disk and its files are written: answer(the lease as
         its answer shows it, None); if its commit or its files failed: answer(None, the
-        error), the lease undone or ended. Callbacks on the loop, no task: the API's hot
-        path answers from here, and then says whether the answer went out (answered())."""
+        error), the lease undone or ended. Callbacks on the loop, no task; whoever answers
+        the client then says whether the answer went out (answered())."""
         def current() -> Lease:  # the store's version: a confirmation may have come meanwhile
             return self.store.get(lease.id) or lease
 
@@ -340,7 +351,7 @@ class LeaseService(LeaseEnvironment, LeaseWaiting, LeaseLifecycle):
                 written = asyncio.get_running_loop().run_in_executor(None, self.files.write_lease, lease)
                 written.add_done_callback(files_written)
 
-        self.when_committed(lease, commit, committed)
+        self.lifecycle.when_committed(lease, commit, committed)
 
     async def _deliver(self, lease: Lease, commit: asyncio.Future | None) -> Lease:
         """Wait for the commit and the lease's files; a client gone meanwhile gets nothing,
@@ -365,7 +376,7 @@ class LeaseService(LeaseEnvironment, LeaseWaiting, LeaseLifecycle):
     def _take_back(self, lease: Lease, reason: str = "client disconnected before the answer") -> None:
         current = self.store.get(lease.id)
         if current is not None:
-            self._end(current, "lease_released", reason=reason)
+            self.lifecycle.end(current, "lease_released", reason=reason)
 
     def answered(self, lease: Lease, delivered: bool) -> None:
         """The API's word on the answer that granted `lease`: written to a connected client,
@@ -374,9 +385,158 @@ class LeaseService(LeaseEnvironment, LeaseWaiting, LeaseLifecycle):
             self._take_back(lease, "the answer could not be delivered (client gone)")
             return
         commit = self.store.confirm(lease.id)
-        self._after(commit, None, lambda exc: log.error("lease_not_stored", lease=lease.id, error=str(exc)))
+        self.lifecycle.after(commit, None, lambda exc: log.error("lease_not_stored", lease=lease.id, error=str(exc)))
 
-    # -- ending and changing leases ------------------------------------------------
+    # -- held leases (topod.service.lease_lifecycle) ---------------------------------
+    def get(self, lease_id: str) -> Lease:
+        return self.lifecycle.get(lease_id)
+
+    def owned(self, request: str, lease_id: str, caller: Caller) -> Lease:
+        """The lease `caller` may change (its owner uid or root); refusals are logged."""
+        return self.lifecycle.owned(request, lease_id, caller)
+
+    async def release(self, lease_id: str, caller: Caller) -> Lease:
+        return await self.lifecycle.release(lease_id, caller)
+
+    def start_release(self, lease_id: str, caller: Caller) -> tuple[Lease, asyncio.Future | None]:
+        """release's synchronous part: (the lease, the commit of its end); a refusal raised."""
+        return self.lifecycle.start_release(lease_id, caller)
+
+    def when_committed(self, lease: Lease, commit: asyncio.Future | None,
+                       answer: Callable[[Lease | None, BaseException | None], None]) -> None:
+        self.lifecycle.when_committed(lease, commit, answer)
+
+    async def revoke(self, lease_id: str, caller: Caller, reason: str = "revoked by admin") -> Lease:
+        return await self.lifecycle.revoke(lease_id, caller, reason)
+
+    async def record_scope(self, lease_id: str, unit: str, enforcement: str) -> Lease | None:
+        return await self.lifecycle.record_scope(lease_id, unit, enforcement)
+
+    def scope_ended(self, lease_id: str, unit: str) -> Lease | None:
+        return self.lifecycle.scope_ended(lease_id, unit)
+
+    async def renew(self, lease_id: str, caller: Caller, ttl_seconds: float | None) -> Lease:
+        """ttl_seconds: validated by the API (finite, > 0, within the cap); None renews with
+        the lease's own ttl."""
+        return await self.lifecycle.renew(lease_id, caller, ttl_seconds, self.limits.max_ttl_seconds)
+
+    def reap(self) -> list[Lease]:
+        """End expired leases, leases whose owner died, and preemptions past their deadline;
+        drop waiters whose client is gone."""
+        ended = self.lifecycle.reap()
+        self.queue.cancel_disconnected()
+        return ended
+
+    def recover(self) -> int:
+        """At start: every acknowledged lease is back; dead owners' and expired ones end, an
+        unconfirmed one gets [alloc] unconfirmed_grace_seconds (LeaseLifecycle.recover)."""
+        ended = self.reap()
+        self.lifecycle.recover(float(self.settings.get("unconfirmed_grace_seconds", 300.0)), self.topology)
+        return len(ended)
+
+    def _state_changed(self, kind: str) -> None:
+        if kind == "hardware":
+            self.lifecycle.check_devices(self.topology)
+        self.process_queue()
+
+    # -- requests that wait (the queue: topod.service.lease_queue) ----------------------
+    async def _wait(self, request, service: ServiceRequest, caller: Caller, connected: Callable[[], bool],
+                    recheck: bool = False) -> Lease:
+        if len(self.queue.waiters) >= int(self.settings.get("max_queue", 256)):
+            raise self._refuse("queue_full", QueueFullError(f"{len(self.queue.waiters)} requests already waiting; "
+                                                            "try again later"), caller, gpus=request.gpus, job=request.job)
+        waiter = self.queue.join(request, service, caller, self.clock(), connected)
+        if recheck:
+            self.process_queue()
+        if not waiter.future.done():
+            self._maybe_preempt(waiter)
+        try:
+            async with asyncio.timeout(service.wait_seconds):
+                lease, commit = await asyncio.shield(waiter.future)
+        except TimeoutError:
+            # The deadline and a grant can meet: process_queue may have granted in the very
+            # step the timeout fired. Withdrawing and reading the grant is one step (no await
+            # between them), so either the waiter is withdrawn and refused, or it was granted
+            # and this still-connected client is told so: never a lease nobody was told of.
+            granted = withdraw(waiter)
+            if granted is None:
+                self._drop_waiter(waiter)
+                over = self._over_quota(request, caller)
+                what = "GPUs" if request.gpus else "CPUs"  # a lease without GPUs waits for CPUs
+                why = f"{over}; no room within" if over is not None else f"no {what} became available within"
+                raise self._refuse("timeout", WaitTimeoutError(f"{why} {service.wait_seconds:g} s"), caller,
+                                   gpus=request.gpus, job=request.job, request=waiter.id) from None
+            lease, commit = granted
+        except BaseException as exc:
+            # The client hung up (cancelled) or the request failed: a grant made for it in
+            # the meantime is taken back.
+            granted = withdraw(waiter)
+            if granted is not None:
+                self._take_back(granted[0])
+            self._drop_waiter(waiter)
+            if isinstance(exc, asyncio.CancelledError):
+                self._count("abandoned", "client_disconnected")
+                self.bus.publish("request_abandoned", request=waiter.id, reason="client disconnected")
+            raise
+        self._drop_waiter(waiter)
+        return await self._deliver(lease, commit)
+
+    def _drop_waiter(self, waiter: Waiter) -> None:
+        """Out of the queue; the leases preempted for it are active again."""
+        self.lifecycle.cancel_preemption(self.queue.leave(waiter), waiter.id)
+
+    def process_queue(self) -> None:
+        """Grant waiting requests that now fit, highest effective priority first; only to
+        clients still connected. A waiter over its GPU cap waits on (its own releases make
+        room); one that can never be served now (the config or the hardware changed since
+        it came: a cap below its size, GPUs gone) is answered at once with that refusal."""
+        now = self.clock()
+        for waiter in self.queue.serving(now, self.policy):
+            over = self._over_quota(waiter.request, waiter.caller)
+            if over is not None:
+                if not over.retryable:
+                    self._answer_refusal(waiter, over)
+                continue
+            try:
+                decision = self.decide(waiter.request, waited=now - waiter.enqueued,
+                                       ttl_seconds=waiter.service.ttl_seconds)
+                lease, commit = self._grant(waiter.request, decision, waiter.service, waiter.caller)
+            except AllocationError as exc:
+                final = self._final_refusal(waiter.request, exc)
+                if not getattr(final, "retryable", True):
+                    self._answer_refusal(waiter, final)
+                continue
+            except Exception as exc:  # noqa: BLE001 - one waiter's fault is its own, never the releasing client's
+                log.error("queued_request_failed", request=waiter.id, error=f"{type(exc).__name__}: {exc}")
+                waiter.future.set_exception(exc if isinstance(exc, TopodError) else
+                                            QueuedRequestError(f"the queued request failed: {type(exc).__name__}: "
+                                                               f"{exc}"))
+                continue
+            waiter.victims = ()
+            waiter.future.set_result((lease, commit))
+
+    def _answer_refusal(self, waiter: Waiter, refusal: AllocationError) -> None:
+        """A waiter that no release can serve: refused now (counted and logged as a refusal
+        at the door is), not at its timeout."""
+        request = waiter.request
+        waiter.future.set_exception(self._refuse("rejected", refusal, waiter.caller, gpus=request.gpus,
+                                                 job=request.job, request=waiter.id))
+
+    def _maybe_preempt(self, waiter: Waiter) -> None:
+        from topod.alloc.preemption import plan_preemption
+
+        if self._over_quota(waiter.request, waiter.caller) is not None:
+            return  # its own leases stand in its way: no one else's is taken for it
+
+        victims = plan_preemption(self.topology, self.distances, self.free_state(), waiter.request,
+                                  [lease for lease in self.store.all() if lease.state == "active"], self.policy)
+        if not victims:
+            return
+        deadline = self.clock() + float(self.settings.get("preemption_grace_seconds", 300.0))
+        self.lifecycle.preempt(victims, deadline, waiter.id)
+        waiter.victims = tuple(lease.id for lease in victims)
+
+    # -- refusals, counted ------------------------------------------------------------
     def _refuse(self, result: str, error: TopodError, caller: Caller, **fields: Any) -> TopodError:
         """Count a refused request and say so in the journal (`request_rejected`); returns
         the error for the caller to raise."""
@@ -384,14 +544,6 @@ class LeaseService(LeaseEnvironment, LeaseWaiting, LeaseLifecycle):
         self._count(result, code)
         self.bus.publish("request_rejected", result=result, code=code, reason=str(error)[:300], uid=caller.uid,
                          pid=caller.pid, **fields)
-        return error
-
-    def _refuse_change(self, request: str, result: str, error: TopodError, caller: Caller,
-                       lease_id: str) -> TopodError:
-        """A refused release/renew/revoke: `request_rejected` in the journal as a refused
-        allocation is (not counted among allocation requests); returns the error."""
-        self.bus.publish("request_rejected", request=request, result=result, code=getattr(error, "code", "error"),
-                         reason=str(error)[:300], uid=caller.uid, pid=caller.pid, lease=lease_id[:100])
         return error
 
     def _count(self, result: str, reason: str = "") -> None:
