@@ -24,20 +24,30 @@ def scenario(daemon_factory, tmp_path):
     yield from scenarios(daemon_factory, tmp_path)
 
 
-def test_a_lease_database_deleted_under_the_daemon_refuses_changes_and_says_so_everywhere(scenario):
-    """Commits would go into an unlinked file no start reads: every change is refused,
-    health is degraded with the reason, systemd's STATUS= names it, what was granted stays."""
+def test_a_ledger_that_cannot_be_rebuilt_refuses_changes_and_says_so_everywhere(scenario):
+    """The state dir moved away and a file put at its path: the deleted ledger cannot be
+    rebuilt there, so every change is refused, health is degraded with the reason,
+    systemd's STATUS= names it, what was granted stays; once the path is usable again the
+    ledger is rebuilt and changes go through."""
     s = scenario()
     lease = s.allocate(1)
-    database = Path(s.daemon.state) / "leases.sqlite3"
-    database.unlink()
+    state = Path(s.daemon.state)
+    state.rename(state.with_name("state.elsewhere"))
+    state.write_text("in the way")
     with pytest.raises(ApiError) as refused:
         s.client.allocate(1)
-    assert "was deleted" in str(refused.value)
+    assert "rebuilding it failed" in str(refused.value)
     health = s.check(expect_degraded=True)
-    assert health["status"] == "degraded" and any("was deleted" in reason for reason in health["degraded"])
-    assert _wait_until(lambda: any("was deleted" in status for status in s.notify.statuses()), timeout=15)
+    assert health["status"] == "degraded" and any("rebuilding it failed" in reason for reason in health["degraded"])
+    assert _wait_until(lambda: any("rebuilding it failed" in status for status in s.notify.statuses()), timeout=15)
     assert s.client.lease(lease["id"])["gpus"] == lease["gpus"]
+    state.unlink()
+    later = s.allocate(1)
+    assert sorted(held["id"] for held in s.client.leases()) == sorted([lease["id"], later["id"]])
+    # the confirmation refused during the outage is written once the ledger is back
+    assert _wait_until(lambda: s.client.health()["status"] == "ok", timeout=15), s.client.health()["degraded"]
+    assert all(held.get("confirmed", True) for held in s.client.leases())
+    s.check()
 
 
 def test_a_failing_rescan_is_survived_reported_once_and_recovers(scenario):

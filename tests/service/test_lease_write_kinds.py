@@ -8,6 +8,7 @@ import asyncio
 import errno
 import os
 import sqlite3
+from dataclasses import replace
 
 import pytest
 
@@ -120,3 +121,34 @@ def test_io_fault_is_none_when_the_files_read(tmp_path):
     store = LeaseStore(tmp_path)
     assert lease_db.io_fault(store.path) is None
     store.close()
+
+
+def test_a_confirmation_the_disk_refused_is_written_again_once_it_takes_it(tmp_path, monkeypatch):
+    """A granted lease's confirmation (its answer was written) fails on the disk: the
+    lease would end after a crash's grace though its client was told. It is queued again
+    until written, and health says confirmations fail meanwhile."""
+    from topod.service import lease_store as lease_store_module
+
+    monkeypatch.setattr(lease_store_module, "CONFIRM_RETRY_SECONDS", 0.05)
+    store = LeaseStore(tmp_path)
+
+    async def scenario() -> str | None:
+        await store.add(replace(make_lease("a", (0,)), confirmed=False))  # granted, its answer not yet written
+        with _FailingKind(store, lease_writer.CONFIRM_LEASE):
+            with pytest.raises(LeaseStoreError):
+                await store.confirm("a")
+            assert not store.get("a").confirmed
+            during = store.problem()
+        for _ in range(100):
+            if store.get("a").confirmed and store.problem() is None:
+                break
+            await asyncio.sleep(0.05)
+        return during
+
+    during = asyncio.run(scenario())
+    assert during is not None and "confirm:" in during
+    assert store.get("a").confirmed and store.problem() is None
+    store.close()
+    reopened = LeaseStore(tmp_path)
+    assert reopened.get("a").confirmed, "the confirmation is on disk"
+    reopened.close()

@@ -49,10 +49,14 @@ STATUS_OF_CODE = {
     "queue_full": 429,
     "too_many_streams": 429,
     "internal_error": 500,
+    "state_write_failed": 500,
     "state_disk_full": 507,
     "unavailable": 503,
     "too_many_connections": 503,
 }
+# The state dir's disk failed a write: a 500 the log already tells (lease_not_stored, the
+# writer's own events), not a bug with a traceback to read.
+DISK_FAULT_CODES = frozenset({"state_write_failed"})
 # A code not listed above is a fault of ours (a state write failed, a host file vanished):
 # 500, never a 400 that blames the client.
 UNKNOWN_CODE_STATUS = 500
@@ -113,11 +117,10 @@ def fault_document(method: str, path: str, exc: BaseException, code: str = "inte
 
 
 def error_document(exc: Exception, method: str, path: str) -> tuple[int, dict[str, Any]]:
-    """The answer to what a handler raised: (status, {"code", "message", ...}). One mapping
-    for the aiohttp middleware and the lean hot path (topod.api.leanhttp)."""
+    """The answer to what a handler raised: (status, {"code", "message", ...})."""
     if isinstance(exc, TopodError):
         status = status_of(exc.code)
-        if status == 500:  # our fault (an unknown code included): log it, keep its code and message
+        if status == 500 and exc.code not in DISK_FAULT_CODES:  # our fault (an unknown code included)
             return fault_document(method, path, exc, exc.code, str(exc))
         # retryable (allocation errors): False when waiting cannot help (more GPUs than the
         # host has, a model it lacks); topoctl exits 1 then, 75 only when a retry may work.

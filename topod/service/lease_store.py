@@ -26,6 +26,9 @@ from topod.service.lease_db import (LeaseConflictError, LeaseStoreError, LeaseSt
 from topod.service.lease_writer import GroupCommitWriter
 
 # Defined with the file (topod.service.lease_db); the rest of the daemon imports them from here.
+# A confirmation the disk refused is queued again after this long (see confirm).
+CONFIRM_RETRY_SECONDS = 1.0
+
 __all__ = ["LeaseConflictError", "LeaseStore", "LeaseStoreError", "LeaseStoreFullError"]
 
 
@@ -185,6 +188,13 @@ class LeaseStore:
         def undo() -> None:
             if self._cache.get(lease_id) is lease:
                 self._cache[lease_id] = previous
+                # Its client was told: an unconfirmed row would end the lease after a crash's
+                # grace. Tried again with the next commit until the disk takes it.
+                try:
+                    loop = asyncio.get_running_loop()
+                except RuntimeError:
+                    return
+                loop.call_later(CONFIRM_RETRY_SECONDS, self.confirm, lease_id)
 
         return self.writer.queue([(CONFIRM_LEASE, (lease_id,))], undo, lazy=True)
 
