@@ -16,10 +16,11 @@ Each figure is the median over the runs (fresh daemons each) of that run's value
 stacks side by side with their ratio (aiohttp alone / lean: above 1 the lean path is
 faster).
 
-The lean path (topod/api/leanhttp.py) was removed once this measured too little for it;
-without --rev the bench runs the working tree when it still has the module, else the last
-revision that had it (exported with `git archive`). "aiohttp alone" is the same tree
-started with the module made unimportable, which is how topod served without httptools.
+topod serves with aiohttp alone: the lean path (topod/api/leanhttp.py) bought too little
+to keep a second stack. Without --rev the bench runs the working tree when it has that
+module, else the last revision that had it (exported with `git archive`); "aiohttp alone"
+is that same tree started with the module made unimportable, which is how it served
+without httptools.
 
 `python bench/http_stack.py [--runs N] [--rev REV]`
 """
@@ -132,7 +133,8 @@ class Daemon:
         release(self.socket, lease_id)
         lean = b"\r\nserver:" not in head.lower()
         if lean != (self.stack == "lean"):
-            raise RuntimeError(f"asked for {self.stack}, the grant was answered by the other stack")
+            raise RuntimeError(f"asked for {self.stack}, the grant was answered by the other stack"
+                               + (" (the lean path needs httptools installed)" if self.stack == "lean" else ""))
 
     def stop(self) -> None:
         self.process.send_signal(signal.SIGTERM)

@@ -1,13 +1,11 @@
-"""What the API answers, whichever front end serves the request: strict JSON (a NaN or
-Infinity becomes null, in every response and every event line) and the mapping of an
-error to its status and {"code", "message"} body. An unexpected exception is a 500
-`internal_error` whose body carries a short request id; the traceback goes to the log
-under that id, never to the client.
+"""What the API answers: strict JSON (a NaN or Infinity becomes null, in every response
+and every event line) and the mapping of an error to its status and {"code", "message"}
+body. An unexpected exception is a 500 `internal_error` whose body carries a short
+request id; the traceback goes to the log under that id, never to the client.
 
-Its own module because two front ends answer through it: the aiohttp routes
-(topod.api.server) and the lean hot path (topod.api.leanhttp), whose answers must be
-theirs; the service's socket protocol (topod.service.server) answers what aiohttp could
-not parse with it too.
+Its own module because two layers answer through it: the aiohttp routes
+(topod.api.server) and the service's socket protocol (topod.service.server), which
+answers what aiohttp could not parse with it too.
 """
 
 from __future__ import annotations

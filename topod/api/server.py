@@ -1,6 +1,6 @@
 """The API server: aiohttp routes over a Unix socket, JSON in and out, errors as
 {"code", "message"} with fitting status codes (topod.api.answers: the encoding and the
-error mapping, shared with the lean hot path).
+error mapping).
 
 Request bodies go through topod.api.body (size, charset, depth, finite numbers, clean
 strings) before any endpoint sees them.

@@ -126,14 +126,8 @@ class GatedRequestHandler(RequestHandler):
         if not self._gate.admit(uid):
             self.refuse(transport, uid)
             return
-        self.adopt(transport, uid)
-
-    def adopt(self, transport: asyncio.BaseTransport, uid: int | None) -> None:
-        """Serve a connection the gate has admitted (here, or in the lean protocol that hands
-        it over: topod.api.leanhttp); its count ends with connection_lost."""
         self._uid = uid
-        self._admitted = True
-        transport.set_protocol(self)  # type: ignore[attr-defined]
+        self._admitted = True  # its count ends with connection_lost
         super().connection_made(transport)
 
     def refuse(self, transport: asyncio.BaseTransport, uid: int | None) -> None:
@@ -175,6 +169,7 @@ class GatedRequestHandler(RequestHandler):
 
     def eof_received(self) -> bool | None:
         if self._admitted:
+            self._drop_abandoned_request()
             if aiohttp_request_in_hand(self, self._last_payload) and not peer_gone(self.transport):
                 # Half-closed after a whole request (topod.api.half_close): answered, then
                 # closed; open for writing until then. Anything else is a hang-up.
@@ -186,6 +181,17 @@ class GatedRequestHandler(RequestHandler):
         if self._refused is not None:
             self._refused.close()
         return False
+
+    def _drop_abandoned_request(self) -> None:
+        """At the client's EOF, a request queued behind a whole one (in progress or queued)
+        whose body never all came is one the client abandoned: dropped, so that the whole
+        ones before it are answered as a half-closed client's."""
+        if not self._messages or self._messages[-1][1].is_eof():
+            return
+        if len(self._messages) == 1 and self._current_request is None:
+            return  # the only request in hand is the partial one: a hang-up
+        self._messages.pop()
+        self._last_payload = self._messages[-1][1] if self._messages else self._current_request.content
 
     async def finish_response(self, request: BaseRequest, resp: web.StreamResponse,
                               start_time: float | None) -> tuple[web.StreamResponse, bool]:
@@ -224,43 +230,15 @@ def _one_line(text: str) -> str:
 
 
 class GatedSockSite(web.SockSite):
-    """SockSite whose connections go through a ConnectionGate. With `backend` (and
-    httptools installed) each connection starts in the lean hot-path protocol
-    (topod.api.leanhttp), which hands anything but a plain grant or release to aiohttp."""
+    """SockSite whose connections go through a ConnectionGate."""
 
     def __init__(self, runner: web.AppRunner, sock: socket.socket, gate: ConnectionGate,
-                 handler_kwargs: dict[str, Any], backlog: int = 512, backend: Any = None) -> None:
+                 handler_kwargs: dict[str, Any], backlog: int = 512) -> None:
         super().__init__(runner, sock, backlog=backlog)
         self.gate = gate
         self.handler_kwargs = handler_kwargs
-        self.idle_seconds = float(handler_kwargs.get("keepalive_timeout", 30.0))
-        self.lean_connections: set = set()
-        self._lean = _lean_protocol() if backend is not None else None
-        self.backend = backend
-        if self._lean is not None:
-            from topod.api.idle_sweep import IdleSweep
 
-            self.idle_sweep = IdleSweep(self.lean_connections, self.idle_seconds)
-
-    def _protocol(self, internal: bool = False) -> asyncio.Protocol:
-        if self._lean is not None:
-            return self._lean(self, self.backend, internal)
-        return self.aiohttp_protocol(internal)
-
-    async def stop(self) -> None:
-        """No new connections; idle lean connections close, a grant or release in progress
-        gets the runner's shutdown grace to answer (as aiohttp's own requests do)."""
-        await super().stop()
-        if self._lean is not None:
-            self.idle_sweep.stop()
-        busy = [task for task in (conn.close_when_idle() for conn in list(self.lean_connections))
-                if task is not None]
-        if busy:
-            await asyncio.wait(busy, timeout=getattr(self._runner, "_shutdown_timeout", 2.0))
-        for conn in list(self.lean_connections):
-            conn.close()
-
-    def aiohttp_protocol(self, internal: bool = False) -> GatedRequestHandler:
+    def _protocol(self, internal: bool = False) -> GatedRequestHandler:
         handler = GatedRequestHandler(self._runner.server, loop=asyncio.get_running_loop(), **self.handler_kwargs)
         handler._gate = self.gate
         handler._admitted = False
@@ -296,16 +274,6 @@ class GatedSockSite(web.SockSite):
         self._sock.listen(self._backlog)
 
 
-def _lean_protocol():
-    """The lean hot-path protocol class, or None where httptools is not installed (then
-    aiohttp serves every request, as before)."""
-    try:
-        from topod.api.leanhttp import LeanConnection
-    except ImportError:
-        return None
-    return LeanConnection
-
-
 async def serve(daemon, config: Config, listen: socket.socket | None = None) -> web.AppRunner:
     if listen is None:
         listen, where = take_listening_socket(config)
@@ -339,7 +307,7 @@ async def serve(daemon, config: Config, listen: socket.socket | None = None) -> 
     await runner.setup()
     loop = asyncio.get_running_loop()
     loop.set_exception_handler(gate.exception_handler(loop.get_exception_handler()))
-    site = GatedSockSite(runner, listen, gate, handler_kwargs, backend=daemon)
+    site = GatedSockSite(runner, listen, gate, handler_kwargs)
     await site.start()
     daemon.api_site = site
     gate.log_budget()

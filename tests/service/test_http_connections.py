@@ -1,8 +1,7 @@
-"""The lease hot path (topod.api.leanhttp) against the real daemon: a plain grant or
-release is answered without aiohttp (its answers carry no `Server:` header), and every
-other shape of request on the same connection — keep-alive, pipelined, sent in pieces,
-another endpoint, a malformed one — is answered exactly as aiohttp answers it, the
-connection gate's count included."""
+"""The API's HTTP connections against the real daemon: a grant and its release get the
+API's answers and errors, and every shape of request on a connection — keep-alive across
+endpoints, pipelined, sent in pieces, a malformed one — is answered in order, each
+connection counted by the gate until it closes and closed once idle."""
 
 from __future__ import annotations
 
@@ -64,10 +63,10 @@ def daemon(daemon_factory):
     assert "Traceback" not in running.log()
 
 
-def test_a_grant_and_its_release_are_served_on_the_hot_path_with_the_apis_answers(daemon):
+def test_a_grant_and_its_release_get_the_apis_answers_and_errors(daemon):
     running, client = daemon
     status, headers, raw, _ = exchange(running.socket, post("/v1/leases", GRANT))
-    assert status == 201 and "server" not in headers  # not aiohttp's answer
+    assert status == 201
     assert headers["content-type"] == "application/json; charset=utf-8"
     assert headers["connection"] == "close"
     lease = json.loads(raw)
@@ -78,34 +77,33 @@ def test_a_grant_and_its_release_are_served_on_the_hot_path_with_the_apis_answer
     request = f"DELETE /v1/leases/{lease['id']} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n".encode()
     status, headers, raw, _ = exchange(running.socket, request)
     assert (status, json.loads(raw)) == (200, {"released": lease["id"], "gpus": lease["gpus"]})
-    assert "server" not in headers
     assert client.leases() == []
-    # The same errors as the aiohttp handlers: an unknown lease, an invalid body.
+    # The API's errors: an unknown lease, an invalid body, a charset JSON cannot have.
     status, headers, raw, _ = exchange(running.socket, request)
-    assert status == 404 and json.loads(raw)["code"] == "lease_not_found" and "server" not in headers
+    assert status == 404 and json.loads(raw)["code"] == "lease_not_found"
     status, _, raw, _ = exchange(running.socket, post("/v1/leases", b'{"gpus": 0}'))
     assert status == 400 and json.loads(raw)["code"] == "invalid_request"
     status, _, raw, _ = exchange(running.socket, post("/v1/leases", b'{"gpus": 1}', "application/json; charset=latin-1"))
     assert status == 415 and json.loads(raw)["code"] == "unsupported_media_type"
 
 
-def test_keep_alive_serves_grants_then_hands_the_connection_to_aiohttp_for_other_endpoints(daemon):
+def test_one_keep_alive_connection_serves_a_grant_its_release_and_other_endpoints(daemon):
     running, client = daemon
     with _connect(running.socket) as sock:
         sock.sendall(_keep_alive_post(GRANT))
         (status, headers, raw), = _responses(sock, 1)
-        assert status == 201 and headers["connection"] == "keep-alive" and "server" not in headers
+        assert status == 201 and headers.get("connection", "keep-alive").lower() == "keep-alive"
         lease = json.loads(raw)
         sock.sendall(_keep_alive_delete(lease["id"]))
         (status, headers, raw), = _responses(sock, 1)
         assert status == 200 and json.loads(raw)["released"] == lease["id"]
         sock.sendall(b"GET /v1/health HTTP/1.1\r\nHost: t\r\n\r\n")
         (status, headers, raw), = _responses(sock, 1)
-        assert status == 200 and "server" in headers and json.loads(raw)["status"] in ("ok", "degraded")
+        assert status == 200 and json.loads(raw)["status"] in ("ok", "degraded")
     assert client.leases() == []
 
 
-def test_pipelined_and_piecemeal_requests_go_to_aiohttp_and_are_all_answered_in_order(daemon):
+def test_pipelined_and_piecemeal_requests_are_all_answered_in_order(daemon):
     running, client = daemon
     with _connect(running.socket) as sock:
         sock.sendall(_keep_alive_post(GRANT) + _keep_alive_post(GRANT))  # two at once
@@ -120,7 +118,7 @@ def test_pipelined_and_piecemeal_requests_go_to_aiohttp_and_are_all_answered_in_
         time.sleep(0.2)
         sock.sendall(request[-len(GRANT):])
         (status, headers, raw), = _responses(sock, 1)
-        assert status == 201 and "server" in headers
+        assert status == 201
         client.release(json.loads(raw)["id"])
     assert client.leases() == []
 
@@ -134,22 +132,22 @@ def test_pipelined_and_piecemeal_requests_go_to_aiohttp_and_are_all_answered_in_
     (b"PUT /v1/leases HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n", 405, "method_not_allowed"),
     (b"POST /v1/leases HTTP/1.1\r\nHost: t\r\nX: " + b"a" * 9000 + b"\r\n\r\n", 400, "invalid_request"),
 ])
-def test_unusual_requests_get_aiohttps_answer(daemon, request_bytes, status, code):
+def test_unusual_requests_get_the_apis_json_errors(daemon, request_bytes, status, code):
     running, _ = daemon
     got, headers, raw, _ = exchange(running.socket, request_bytes)
     assert (got, json.loads(raw)["code"]) == (status, code)
-    assert "server" in headers or got == 400  # aiohttp answered (its 400 for a bad head has no Server header)
+    assert headers["content-type"].startswith("application/json")
 
 
-def test_connections_are_counted_until_they_close_on_either_path(daemon_factory):
+def test_connections_are_counted_until_they_close(daemon_factory):
     running = daemon_factory(config=CONFIG.replace("[api]\n", "[api]\nmax_connections = 3\n"
                                                               "root_reserved_connections = 0\n"))
     client = running.start()
-    held = [_connect(running.socket) for _ in range(3)]  # idle: the lean protocol holds them
+    held = [_connect(running.socket) for _ in range(3)]  # idle, each counted
     try:
         status, _, raw, _ = exchange(running.socket, post("/v1/leases", GRANT))
         assert (status, json.loads(raw)["code"]) == (503, "too_many_connections")
-        held[0].sendall(b"GET /v1/health HTTP/1.1\r\nHost: t\r\n\r\n")  # handed to aiohttp: still counted
+        held[0].sendall(b"GET /v1/health HTTP/1.1\r\nHost: t\r\n\r\n")  # served, still open: still counted
         assert _responses(held[0], 1)[0][0] == 200
         status, _, _, _ = exchange(running.socket, post("/v1/leases", GRANT))
         assert status == 503
