@@ -247,7 +247,7 @@ def test_a_command_line_parses_with_only_its_command_exactly_as_with_every_comma
         == vars(build_parser().parse_args(argv))
 
 
-@pytest.mark.parametrize("argv", [["--bogus", "topo"], ["topo", "--json", "stray"], ["leases", "extra"]])
+@pytest.mark.parametrize("argv", [["--bogus", "topo"], ["topo", "--json", "stray"], ["leases", "0123", "extra"]])
 def test_a_top_level_error_is_told_by_the_whole_parser_listing_every_command(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(argv)

@@ -98,6 +98,8 @@ def _topo(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=("text", "json", "dot", "svg", "png"), default=None,
                    help="output format (default text; --json means json); dot/svg/png draw the host with Graphviz")
     p.add_argument("--output", "-o", default=None, metavar="FILE", help="file for --format svg/png/dot (default stdout)")
+    p.add_argument("--matrix", "-m", action="store_true",
+                   help="only the device matrix and its legends, as nvidia-smi topo -m prints them")
     _handler(p, "topod.cli.topo_cmd:run_topo")
 
 
@@ -262,6 +264,10 @@ def _renew(p: argparse.ArgumentParser) -> None:
 
 
 def _leases(p: argparse.ArgumentParser) -> None:
+    from topod.cli.option_values import lease_id
+
+    p.add_argument("lease", nargs="?", type=lease_id, default=None, metavar="ID",
+                   help="show this lease whole: its GPUs, CPUs, NICs and environment (default: list every lease)")
     _handler(p, "topod.cli.lease_cmd:run_leases")
 
 
@@ -335,7 +341,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("revoke", "end anyone's lease (root): its job's scope is stopped too", _revoke),
     Command("scope", "put a running process in its lease's systemd scope (owner or root); the lease ends "
                      "with the scope", _scope),
-    Command("leases", "list leases", _leases),
+    Command("leases", "list leases, or show one", _leases),
     Command("watch", "follow the daemon's events", _watch),
     Command("status", "the daemon's health", _status),
     Command("reload", "reload the daemon's config file and wait for its verdict (root; the unit's ExecReload=): "

@@ -125,7 +125,43 @@ def run_renew(args) -> int:
     return 0
 
 
+def _print_lease_detail(lease: dict) -> None:
+    """One lease, whole: who holds it, its GPUs with their CPUs and NICs, all its CPUs and
+    memory nodes, and the environment a job runs with (one variable a line)."""
+    from topod.cpulist import format_cpulist
+
+    decision = lease.get("decision", {})
+    print(f"lease {lease['id']}  state {lease.get('state', 'active')}  uid {lease.get('owner_uid')}  "
+          f"priority {lease.get('priority', 0)}{'  preemptible' if lease.get('preemptible') else ''}"
+          + (f"  job {lease['job']}" if lease.get("job") else ""))
+    expires = local_time(lease.get("expires")) if lease.get("expires") is not None else "never (no ttl)"
+    print(f"  created {local_time(lease.get('created'))}  expires {expires}"
+          + (f"  owner pid {lease['owner_pid']}" if lease.get("owner_pid") else ""))
+    print(f"  gpus {','.join(map(str, lease.get('gpus', []))) or '-'}  level {decision.get('level')}"
+          + (f"  near {decision['near']}" if decision.get("near") else ""))
+    print(f"  cpus {format_cpulist(lease.get('cpus', [])) or '-'}  memory nodes "
+          f"{','.join(map(str, lease.get('memory_nodes', []))) or '-'}")
+    if lease.get("missing_gpus"):
+        print(f"  missing GPU(s): {','.join(map(str, lease['missing_gpus']))} (gone from this host)")
+    for gpu in lease.get("placements", []):
+        nics = ", ".join(f"{nic['name']}:{nic['port']} ({nic['level']})" for nic in gpu.get("nics") or ())
+        print(f"  GPU{gpu.get('index')} {gpu.get('address')} node {gpu.get('numa_node')} "
+              f"cpus {format_cpulist(gpu.get('cpus', []))}  nics {nics or '-'}")
+    env = lease.get("environment", {})
+    if env:
+        print("  environment:")
+        for key, value in env.items():
+            print(f"    {key}={value}")
+
+
 def run_leases(args) -> int:
+    if getattr(args, "lease", None):
+        lease = _client(args).lease(args.lease)
+        if args.json:
+            sys.stdout.write(dumps_indented(lease) + "\n")
+        else:
+            _print_lease_detail(lease)
+        return 0
     leases = _client(args).leases()
     if args.json:
         sys.stdout.write(dumps_indented(leases) + "\n")

@@ -26,6 +26,10 @@ def run_topo(args: argparse.Namespace) -> int:
     from topod.cli.daemon_view import find
 
     fmt = args.format or ("json" if args.json else "text")
+    if args.matrix and fmt != "text":
+        from topod.cli.exits import UsageError
+
+        raise UsageError(f"--matrix prints the text matrix; it cannot go with {'--json' if fmt == 'json' else '--format ' + fmt}")
     view = find(args)
     if fmt == "json":
         view.announce(args.json)
@@ -44,6 +48,15 @@ def run_topo(args: argparse.Namespace) -> int:
         sys.stdout.write(dumps_indented(document) + "\n")  # one write, not one per token
         return 0
     topology = load_topology(view.root)
+    if args.matrix:
+        from topod.cli.topo_text import render_matrix
+
+        view.announce(args.json)
+        matrix = render_matrix(topology)
+        if not matrix:
+            sys.stderr.write(f"topoctl: no device matrix: {view.root} has no GPU and fewer than two RDMA NICs\n")
+        sys.stdout.write(matrix)
+        return 0
     if fmt == "text":
         from topod.cli.topo_text import render_topology
 

@@ -35,6 +35,13 @@ def render_topology(topology: Topology, model: DistanceModel | None = None, leas
     return "\n".join(lines) + "\n"
 
 
+def render_matrix(topology: Topology, model: DistanceModel | None = None) -> str:
+    """The device matrix alone with its legends, as `nvidia-smi topo -m` prints it; "" for
+    a host with no GPU and fewer than two NICs (no matrix to draw)."""
+    matrix = _matrix(topology, model or DistanceModel(topology))
+    return "\n".join(matrix) + "\n" if matrix else ""
+
+
 def _lease_of_gpu(leases: list[dict] | None) -> dict[int, str]:
     return {int(gpu): str(lease.get("id")) for lease in leases or () for gpu in lease.get("gpus", [])}
 
