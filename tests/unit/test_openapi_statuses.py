@@ -29,17 +29,20 @@ from topod.service.leases import LeaseService
 DOCUMENT = openapi_document()
 # What an attribute reached through the backend is: `backend.x` is the daemon's, `….alloc.x`
 # the lease service's (and `….scopes.x` the lease scopes', `….store.x` the lease store's,
-# `….lifecycle.x` and `….queue.x` the parts the lease service holds).
+# `….lifecycle.x` and `….queue.x` the parts the lease service holds, `….reports.x` the
+# daemon's reports).
 OWNERS: dict[str, type] = {"backend": Daemon, "alloc": LeaseService}
 
 
 def _owners() -> dict[str, type]:
+    from topod.service.daemon_reports import DaemonReports
     from topod.service.lease_lifecycle import LeaseLifecycle
     from topod.service.lease_queue import WaitingQueue
     from topod.service.lease_scope import LeaseScopes
     from topod.service.lease_store import LeaseStore
 
-    return {**OWNERS, "scopes": LeaseScopes, "store": LeaseStore, "lifecycle": LeaseLifecycle, "queue": WaitingQueue}
+    return {**OWNERS, "scopes": LeaseScopes, "store": LeaseStore, "lifecycle": LeaseLifecycle, "queue": WaitingQueue,
+            "reports": DaemonReports}
 
 
 class _Backend:

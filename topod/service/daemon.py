@@ -2,8 +2,9 @@
 runs supervised (a failing iteration is logged once, retried with backoff and shown in
 health and STATUS=, never fatal); discovery, /proc and /sys, SQLite, NVML, file exports
 and name-service lookups run in worker threads. HostState owns the host's state, the
-LeaseService the leases; tasks are told of changes through listeners. Its mixins: the
-loops (topod.service.daemon_loops) and what it reports (topod.service.daemon_reports).
+LeaseService the leases; tasks are told of changes through listeners. What it tells about
+itself (health, reports, STATUS=) is a DaemonReports it holds (topod.service.daemon_reports);
+its loops are topod.service.daemon_loops.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import signal
 import socket
 import sys
 import time
+from typing import Any
 
 import structlog
 
@@ -37,7 +39,6 @@ from topod.service.notify import Notifier
 from topod.service.probe_task import probes_this_root
 from topod.service.state import HostState
 from topod.service.statelock import StateDirLock
-from topod.service.topology_body import TopologyBody
 from topod.service.watchdog import Supervisor
 
 log = structlog.get_logger("topod")
@@ -52,7 +53,7 @@ EVENT_LEVELS = {"loop_failed": "error", "lease_degraded": "warning", "config_rej
                 "irq_writes_impossible": "warning", "irq_move_failed": "warning"}
 
 
-class Daemon(DaemonReports, DaemonLoops):
+class Daemon(DaemonLoops):
     def __init__(self, config: Config, *, config_path: str | None = None) -> None:
         self.config = config
         self.config_path = config_path
@@ -72,8 +73,7 @@ class Daemon(DaemonReports, DaemonLoops):
         self.nccl = NcclFiles(self.host, lambda: self.state.topology, lambda: self.config)
         self.alloc.files = self.nccl
         self.state.add_listener(self._state_changed)
-        self._topology_body = TopologyBody(
-            lambda: (self.state.topology, self.state.distances, self.config.section("cluster")))
+        self.reports = DaemonReports(self)
         self.bus.add_listener(self._on_event)
         self.supervisor = Supervisor()
         self.notifier = Notifier()
@@ -112,6 +112,46 @@ class Daemon(DaemonReports, DaemonLoops):
     @property
     def topology(self):
         return self.state.topology
+
+    # -- what it tells about itself (the API's Backend; topod.service.daemon_reports) ----
+    def topology_json(self) -> dict:
+        return self.reports.topology_json()
+
+    async def topology_body(self) -> bytes:
+        return await self.reports.topology_body()
+
+    def lease_json(self, lease) -> dict:  # noqa: ANN001 - Lease
+        return self.reports.lease_json(lease)
+
+    def lease_text(self, lease) -> str | None:  # noqa: ANN001 - Lease
+        return self.reports.lease_text(lease)
+
+    def degraded(self) -> list[str]:
+        return self.reports.degraded()
+
+    def health(self) -> dict:
+        return self.reports.health()
+
+    async def irq_report(self) -> dict:
+        return await self.reports.irq_report()
+
+    def links_report(self) -> dict:
+        return self.reports.links_report()
+
+    def telemetry(self, body: Any, caller: Any = None) -> dict:
+        return self.reports.telemetry(body, caller)
+
+    def metrics_text(self) -> str:
+        return self.reports.metrics_text()
+
+    def status_line(self) -> str:
+        return self.reports.status_line()
+
+    def setting_up(self, name: str) -> bool:
+        """The config wants loop `name` and its setup has not finished (the API answers
+        from the moment the socket is bound; a loop's setup may take a moment or retry)."""
+        task = self._loops.get(name)
+        return task is not None and not task.done()
 
     # -- configuration ----------------------------------------------------------
     def _reserved_cpus(self) -> set[int]:
