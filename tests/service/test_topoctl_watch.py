@@ -106,7 +106,9 @@ def test_watch_text_prints_iso_times_and_leaves_null_fields_out(daemon_factory, 
     assert len(lines) == 2 and first == lines[0]
     granted = next(line for line in lines if " lease_granted " in line)
     renewed = next(line for line in lines if " lease_renewed " in line)
-    assert re.match(ISO + " lease_granted lease=\\w+ gpus=\\d cpus=\\d+ uid=0 level=\\w+$", granted), granted
+    # lists in brackets, the CPUs too (a list, as the GPUs): never a count beside a list
+    assert re.match(ISO + " lease_granted lease=\\w+ gpus=\\[\\d\\] cpus=\\[\\d+(,\\d+)*\\] uid=0 level=\\w+$",
+                    granted), granted
     assert "None" not in granted and "job=" not in granted  # no job given: no field
     assert re.match(ISO + " lease_renewed lease=\\w+ expires=" + ISO + "$", renewed), renewed
 
@@ -185,6 +187,6 @@ def test_event_text_formats_deadlines_lists_and_blanks():
     line = format_event({"event": "preemption_requested", "time": 1.7e9, "lease": "ab", "deadline": 1.7e9 + 300,
                          "request": "w1", "gpus": [0, 1], "uid": 0, "job": None,
                          "reason": "owner process 12 exited", "deadline_seconds": 300.0})
-    assert re.fullmatch(ISO + " preemption_requested lease=ab deadline=" + ISO + " request=w1 gpus=0,1 uid=0 "
+    assert re.fullmatch(ISO + " preemption_requested lease=ab deadline=" + ISO + " request=w1 gpus=\\[0,1\\] uid=0 "
                         'reason="owner process 12 exited" deadline_seconds=300.0', line), line
     assert "T" in line.split("deadline=")[1].split()[0]

@@ -272,10 +272,10 @@ def _leases(p: argparse.ArgumentParser) -> None:
 
 
 def _watch(p: argparse.ArgumentParser) -> None:
-    from topod.cli.option_values import count, seconds
+    from topod.cli.option_values import count, event_name, seconds
 
     p.add_argument("--count", type=count, default=0, help="stop after this many (matching) events (0: no limit)")
-    p.add_argument("--event", action="extend", nargs="+", default=None, metavar="NAME",
+    p.add_argument("--event", action="extend", nargs="+", type=event_name, default=None, metavar="NAME",
                    help="only these events, e.g. --event lease_granted lease_released (repeatable)")
     p.add_argument("--reconnect-timeout", type=seconds, default=300.0, metavar="SECONDS",
                    help="when the daemon goes away (restart, stop), keep trying to reconnect this long, "

@@ -80,3 +80,13 @@ def lease_id(text: str) -> str:
             f"not a lease id: {text!r} (a lease id is hex digits, at most {LEASE_ID_MAX}, "
             "e.g. 9436932d016188cc: see topoctl leases)")
     return text.lower()
+
+
+def event_name(text: str) -> str:
+    """One of the daemon's event names (topod.event_kinds): a misspelt name would filter
+    out every event and wait for ever."""
+    from topod.event_kinds import EVENT_KINDS
+
+    if text not in EVENT_KINDS:
+        raise argparse.ArgumentTypeError(f"unknown event {text!r}; topod's events: {', '.join(EVENT_KINDS)}")
+    return text

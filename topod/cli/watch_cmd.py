@@ -1,8 +1,8 @@
 """`topoctl watch`: follow the daemon's events, across daemon restarts.
 
 Text lines are `TIME EVENT key=value ...`: times (the event's own, `expires`, `deadline`)
-as ISO 8601 local time, null fields left out, lists comma-joined, strings with blanks
-quoted. `--json` prints the API's records unchanged (times as seconds since the epoch).
+as ISO 8601 local time, null fields left out, lists in brackets (`gpus=[0,1]`), strings
+with blanks quoted. `--json` prints the API's records unchanged (times as seconds since the epoch).
 
 When the stream ends or breaks before `--count` events (the daemon stopped, restarted,
 was killed), watch says so on stderr and reconnects, trying for `--reconnect-timeout`
@@ -28,8 +28,8 @@ def _value(key: str, value: object) -> str:
 
     if key in TIME_FIELDS and isinstance(value, (int, float)) and not isinstance(value, bool):
         return local_time(value)
-    if isinstance(value, (list, tuple)):
-        return ",".join(str(item) for item in value)
+    if isinstance(value, (list, tuple)):  # bracketed: a one-item list is never taken for a count
+        return "[" + ",".join(str(item) for item in value) + "]"
     if isinstance(value, dict):
         return json.dumps(value, separators=(",", ":"), sort_keys=True)
     text = str(value)

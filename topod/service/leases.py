@@ -243,7 +243,7 @@ class LeaseService:
 
     def _granted(self, lease: Lease) -> None:
         self._count("granted", lease.decision.level)
-        self.bus.publish("lease_granted", lease=lease.id, gpus=list(lease.gpus), cpus=len(lease.cpus),
+        self.bus.publish("lease_granted", lease=lease.id, gpus=list(lease.gpus), cpus=list(lease.cpus),
                          uid=lease.owner_uid, job=lease.job, level=lease.decision.level)
 
     def _grant_failed(self, lease: Lease, exc: BaseException) -> None:
