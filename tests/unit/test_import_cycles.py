@@ -1,6 +1,7 @@
-"""The layout has one way through it: no import cycle among topod's modules, and no arrow
+"""The layout has one way through it: no import cycle among topod's modules, no arrow
 running back up from the pure core (config, model, distance, alloc/, irq/) into the daemon
-(topod.service), the API (topod.api) or the CLI (topod.cli).
+(topod.service), the API (topod.api) or the CLI (topod.cli), and no class spread over
+several files as mixins (a class with two or more of topod's own classes as bases).
 
 Imports anywhere in a module count (inside functions and `if TYPE_CHECKING:` blocks too):
 a lazy import is still a dependency, and a type-only one still ties two files together.
@@ -164,3 +165,35 @@ def test_the_layering_check_names_the_chain_that_runs_back_up():
     graph = {"topod.config": {"topod.alloc.x"}, "topod.alloc.x": {"topod.service.store"}, "topod.service.store": set()}
     via = reachable(graph, "topod.config")
     assert chain(via, "topod.config", "topod.service.store") == "topod.config -> topod.alloc.x -> topod.service.store"
+
+
+def topod_bases(path: Path) -> dict[str, list[str]]:
+    """Class name -> its bases that are topod's own classes (defined in the module, or
+    imported from a topod module)."""
+    tree = ast.parse(path.read_text(), str(path))
+    own = {node.name for node in ast.walk(tree) if isinstance(node, ast.ClassDef)}
+    imported = {alias.asname or alias.name for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").split(".")[0] == "topod")
+                for alias in node.names}
+    out = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            names = [base.id for base in node.bases if isinstance(base, ast.Name)]
+            out[node.name] = [name for name in names if name in own or name in imported]
+    return out
+
+
+def test_no_class_is_spread_over_files_as_mixins():
+    mixed = []
+    for name, path in sorted(module_files(PACKAGE).items()):
+        for cls, bases in topod_bases(path).items():
+            if len(bases) > 1:
+                mixed.append(f"{name}.{cls}({', '.join(bases)})")
+    assert mixed == [], "compose objects instead of mixing classes in: " + "; ".join(mixed)
+
+
+def test_the_mixin_check_sees_two_of_topods_classes_as_bases(tmp_path):
+    path = tmp_path / "service.py"
+    path.write_text("from topod.service.a import A\nfrom .b import B\nimport enum\n"
+                    "class S(A, B): ...\nclass E(A, enum.Enum): ...\nclass K(Exception): ...\n")
+    assert topod_bases(path) == {"S": ["A", "B"], "E": ["A"], "K": []}

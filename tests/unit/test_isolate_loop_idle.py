@@ -9,13 +9,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from topod.service import daemon_loops
-from topod.service.daemon_loops import DaemonLoops
+from topod.service import daemon
+from topod.service.daemon import Daemon
 from topod.service.isolation_task import IsolationTask
 
 
-class Loops(DaemonLoops):
-    """The isolate loop alone, its iterations run back to back (no supervisor)."""
+class Loops(Daemon):
+    """The daemon's isolate loop alone, its iterations run back to back (no supervisor)."""
 
     def __init__(self, leases: list, recorded: bool = False) -> None:
         self.config = SimpleNamespace(get=lambda section, key: {"interval_seconds": 0.01, "system": False, "loop_deadline_seconds": 60.0}[key])
@@ -46,16 +46,16 @@ async def _applied_within(loops: Loops, seconds: float, poke_after: float | None
 
 
 def test_with_nothing_leased_it_applies_once_then_waits(monkeypatch):
-    monkeypatch.setattr(daemon_loops, "ISOLATE_IDLE_SECONDS", 0.05)
+    monkeypatch.setattr(daemon, "ISOLATE_IDLE_SECONDS", 0.05)
     assert asyncio.run(_applied_within(Loops([]), 0.3)) == 1  # at start; idle beats do nothing
 
 
 def test_a_lease_change_wakes_it(monkeypatch):
-    monkeypatch.setattr(daemon_loops, "ISOLATE_IDLE_SECONDS", 60.0)
+    monkeypatch.setattr(daemon, "ISOLATE_IDLE_SECONDS", 60.0)
     assert asyncio.run(_applied_within(Loops([]), 0.6, poke_after=0.3)) == 2
 
 
 @pytest.mark.parametrize("leases, recorded", [([SimpleNamespace(owner_pid=None)], False), ([], True)])
 def test_while_cpus_are_leased_or_narrowed_threads_are_recorded_it_looks_every_interval(monkeypatch, leases, recorded):
-    monkeypatch.setattr(daemon_loops, "ISOLATE_IDLE_SECONDS", 60.0)
+    monkeypatch.setattr(daemon, "ISOLATE_IDLE_SECONDS", 60.0)
     assert asyncio.run(_applied_within(Loops(leases, recorded), 0.3)) >= 5
