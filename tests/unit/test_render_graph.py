@@ -108,7 +108,7 @@ def test_irq_plan_links_devices_to_the_cores_that_take_their_interrupts(h800):
     edges = graph.edges_of("irq")
     assert [(e.tail, e.label) for e in edges] == [(device_id(nic.address), f"{len(nic.msi_irqs)} IRQ")]
     assert 5 in graph.node(edges[0].head).cpus
-    assert "IRQs → CPU 5" in graph.node(device_id(nic.address)).label
+    assert "IRQs planned → CPU 5" in graph.node(device_id(nic.address)).label  # a plan is never called "now"
 
 
 def test_a_lease_without_an_id_is_refused(h800):
@@ -132,3 +132,16 @@ def test_storage_controllers_are_drawn(tmp_path):
     drawn = {node.id: node.kind for node in graph.nodes}
     assert all(drawn.get(device_id(address)) == "storage" for address in storage), \
         "virtio-blk and AHCI controllers appear in the picture"
+
+
+def test_in_dry_run_the_picture_draws_where_irqs_are_and_labels_the_plan_planned(h800):
+    nic = h800.device("0000:14:00.0")
+    now = {str(irq): [0] for irq in nic.msi_irqs}  # a fresh host: every vector on CPU 0
+    plan = {str(irq): [20] for irq in nic.msi_irqs}  # where the dry-run plan would put them (node 1)
+    graph = build_graph(h800, irq_plan=plan, irq_current=now)
+    edges = graph.edges_of("irq")
+    assert len(edges) == 1 and 0 in graph.node(edges[0].head).cpus and 20 not in graph.node(edges[0].head).cpus
+    label = graph.node(device_id(nic.address)).label
+    assert "IRQs on → CPU 0" in label and "planned → CPU 20" in label
+    same = build_graph(h800, irq_plan=now, irq_current=now).node(device_id(nic.address)).label
+    assert "IRQs on → CPU 0" in same and "planned" not in same  # applied: nothing more to say

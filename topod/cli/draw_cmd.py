@@ -9,11 +9,13 @@ from topod.model import Topology
 
 
 def draw(topology: Topology, fmt: str, output: str | None, leases: Iterable[object] | None = None,
-         irq_plan: Mapping[object, Iterable[int]] | None = None) -> int:
-    """Draw the host (leases coloured by owner, IRQ plan as edges) to output or stdout."""
+         irq_plan: Mapping[object, Iterable[int]] | None = None,
+         irq_current: Mapping[object, Iterable[int]] | None = None) -> int:
+    """Draw the host (leases coloured by owner, where IRQs are now as edges, the plan
+    where it differs) to output or stdout."""
     from topod.render import RenderError, build_graph, render, to_dot
 
-    data = render(to_dot(build_graph(topology, leases, irq_plan)), fmt)
+    data = render(to_dot(build_graph(topology, leases, irq_plan, irq_current)), fmt)
     if output and output != "-":
         from topod.outfile import replaced_whole
 

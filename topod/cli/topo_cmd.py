@@ -69,12 +69,29 @@ def run_topo(args: argparse.Namespace) -> int:
     view.announce(args.json)
     from topod.cli.draw_cmd import draw
 
-    leases = irq_plan = None
+    leases = irq_plan = irq_now = None
     if view.serves_root:
         from topod.cli.doctor_cmd import daemon_data
 
-        leases, irq_plan, _ = daemon_data(view)
-    return int(draw(topology, fmt, args.output, leases=leases, irq_plan=irq_plan) or 0)
+        leases, _, _ = daemon_data(view)
+        irq_plan, irq_now = _irq_placements(view)
+    return int(draw(topology, fmt, args.output, leases=leases, irq_plan=irq_plan, irq_current=irq_now) or 0)
+
+
+def _irq_placements(view) -> tuple[dict | None, dict | None]:  # noqa: ANN001 - DaemonView
+    """(where the daemon's IRQ plan puts each vector, where each is delivered now:
+    effective affinity, else smp_affinity) from GET /v1/irqs; in dry-run they differ."""
+    from topod.client import ApiError
+
+    try:
+        report = view.client.request("GET", "/v1/irqs")
+    except ApiError:
+        return None, None
+    entries = [e for e in report.get("irqs", []) if isinstance(e, dict) and "irq" in e]
+    planned = {str(e["irq"]): e["planned"] for e in entries if e.get("planned")}
+    now = {str(e["irq"]): e.get("effective") or e.get("current") for e in entries
+           if e.get("effective") or e.get("current")}
+    return planned or None, now or None
 
 
 def run_snapshot(args: argparse.Namespace) -> int:

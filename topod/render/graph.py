@@ -99,7 +99,11 @@ def lease_views(leases: Iterable[object] | None) -> tuple[LeaseView, ...]:
 
 
 def build_graph(topology: Topology, leases: Iterable[object] | None = None,
-                irq_plan: Mapping[object, Iterable[int]] | None = None) -> HostGraph:
+                irq_plan: Mapping[object, Iterable[int]] | None = None,
+                irq_current: Mapping[object, Iterable[int]] | None = None) -> HostGraph:
+    """irq_current: where each vector is delivered now (effective affinity); drawn as
+    edges and labelled "IRQs on". irq_plan: where topod's plan puts them; labelled
+    "planned" (edges too when nothing says where they are now), never passed off as now."""
     views = lease_views(leases)
     owners = sorted({v.owner for v in views})
     colours = tuple((owner, OWNER_COLOURS[i % len(OWNER_COLOURS)]) for i, owner in enumerate(owners))
@@ -108,8 +112,9 @@ def build_graph(topology: Topology, leases: Iterable[object] | None = None,
     clusters = _numa_clusters(topology, nodes, edges, views)
     _pci_tree(topology, nodes, edges, views, clusters)
     _nvlink(topology, nodes, edges)
-    if irq_plan:
-        _irq_edges(topology, nodes, edges, irq_plan)
+    if irq_plan or irq_current:
+        _irq_edges(topology, nodes, edges, irq_current or irq_plan or {}, irq_plan if irq_current else None,
+                   drawn_is_plan=not irq_current)
     title = (f"{topology.root}: {len(topology.numa_nodes)} NUMA node(s), {len(topology.online_cpus)} CPUs, "
              f"{len(topology.gpus)} GPU(s)")
     return HostGraph(title, tuple(clusters), tuple(nodes), tuple(edges), colours)
@@ -272,11 +277,19 @@ def _nvlink(topology: Topology, nodes: list[GraphNode], edges: list[GraphEdge]) 
                 edges.append(GraphEdge(fabric_id, device_id(address), "nvswitch_chip"))
 
 
+def _irq_placement(placement: Mapping[object, Iterable[int]]) -> dict[int, set[int]]:
+    return {int(str(irq)): {int(c) for c in cpus} for irq, cpus in placement.items()}
+
+
 def _irq_edges(topology: Topology, nodes: list[GraphNode], edges: list[GraphEdge],
-               irq_plan: Mapping[object, Iterable[int]]) -> None:
-    """Device -> core group edges, labelled with how many of its vectors the plan puts
-    there; the device's label says the CPUs and the group's label who interrupts it."""
-    plan = {int(str(irq)): {int(c) for c in cpus} for irq, cpus in irq_plan.items()}
+               drawn: Mapping[object, Iterable[int]], also_planned: Mapping[object, Iterable[int]] | None,
+               drawn_is_plan: bool) -> None:
+    """Device -> core group edges, labelled with how many of its vectors `drawn` puts
+    there; the device's label says the CPUs ("IRQs on" now, or "IRQs planned" when
+    `drawn` is the plan), the plan's CPUs too where they differ from now, and the group's
+    label who interrupts it."""
+    plan = _irq_placement(drawn)
+    other = _irq_placement(also_planned or {})
     groups = [(n.id, set(n.cpus)) for n in nodes if n.kind == "cores"]
     index = {n.id: i for i, n in enumerate(nodes)}
     sources: dict[str, list[str]] = {}
@@ -295,12 +308,19 @@ def _irq_edges(topology: Topology, nodes: list[GraphNode], edges: list[GraphEdge
             sources.setdefault(group_id, []).append(_short_device(device))
         cpus = sorted(set().union(*planned))
         node = nodes[index[node_id]]
-        noun = "CPU" if len(cpus) == 1 else "CPUs"
-        nodes[index[node_id]] = replace(node, label=f"{node.label}\nIRQs → {noun} {format_cpulist(cpus)}")
+        label = f"{node.label}\nIRQs {'planned' if drawn_is_plan else 'on'} → {_cpus_noun(cpus)}"
+        later = [other[irq] for irq in device.msi_irqs if irq in other]
+        if later and set().union(*later) != set(cpus):
+            label += f"\nplanned → {_cpus_noun(sorted(set().union(*later)))}"
+        nodes[index[node_id]] = replace(node, label=label)
     for group_id, names in sources.items():
         node = nodes[index[group_id]]
         shown = ", ".join(names[:4]) + (f" +{len(names) - 4}" if len(names) > 4 else "")
         nodes[index[group_id]] = replace(node, label=f"{node.label}\nIRQs of {shown}")
+
+
+def _cpus_noun(cpus: list[int]) -> str:
+    return f"{'CPU' if len(cpus) == 1 else 'CPUs'} {format_cpulist(cpus)}"
 
 
 def _short_device(device: PciDevice) -> str:
