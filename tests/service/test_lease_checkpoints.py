@@ -8,7 +8,7 @@ import asyncio
 import sqlite3
 
 from tests.service.lease_store_helpers import make_lease
-from topod.service.lease_change import QueuedChange
+from topod.service.lease_writer import QueuedChange
 from topod.service.lease_store import LeaseStore
 
 

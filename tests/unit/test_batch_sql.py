@@ -1,4 +1,4 @@
-"""A group commit's changes merged into a few statements (topod.service.batch_sql): the
+"""A group commit's changes merged into a few statements (topod.service.lease_writer): the
 same rows in the database as writing each change's own statements in order."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import sqlite3
 
 import pytest
 
-from topod.service import batch_sql
-from topod.service.batch_sql import CONFIRM_LEASE, DELETE_LEASE, INSERT_DEVICES, INSERT_LEASE, UPDATE_LEASE, merged
+from topod.service import lease_writer
+from topod.service.lease_writer import CONFIRM_LEASE, DELETE_LEASE, INSERT_DEVICES, INSERT_LEASE, UPDATE_LEASE, merged
 from topod.service.lease_db import SCHEMA
 
 
@@ -70,7 +70,7 @@ def test_an_unknown_statement_leaves_the_batch_unmerged():
 
 
 def test_a_batch_past_the_chunk_size_is_several_statements_with_every_row(monkeypatch):
-    monkeypatch.setattr(batch_sql, "CHUNK", 3)
+    monkeypatch.setattr(lease_writer, "CHUNK", 3)
     batch = [_add(f"l{i}", f"addr{i}") for i in range(10)]
     statements = merged(batch)
     assert len([s for s, _ in statements if s.startswith("INSERT INTO leases")]) == 4

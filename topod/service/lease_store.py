@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from topod.alloc.nics import lease_nic_keys
-from topod.service.batch_sql import CONFIRM_LEASE, DELETE_LEASE, INSERT_DEVICES, INSERT_LEASE, UPDATE_LEASE
 from topod.service.lease import Lease
 from topod.service.lease_db import (LeaseConflictError, LeaseStoreError, LeaseStoreFullError, close_quietly,
                                     load_leases, open_database)
-from topod.service.lease_writer import GroupCommitWriter
+from topod.service.lease_writer import (CONFIRM_LEASE, DELETE_LEASE, INSERT_DEVICES, INSERT_LEASE, UPDATE_LEASE,
+                                        GroupCommitWriter)
 
 # Defined with the file (topod.service.lease_db); the rest of the daemon imports them from here.
 # A confirmation the disk refused is queued again after this long (see confirm).
