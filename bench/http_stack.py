@@ -10,7 +10,9 @@ alike:
 - `topoctl allocate --gpus 1` as a user types it, whole-process wall time: p50;
 - 8 jobs starting at once: 8 processes released by one barrier each allocate one GPU,
   every round's grants released before the next; p99 over all grants and the median of
-  each round's slowest.
+  each round's slowest;
+- beside them, not a figure a user meets: 8 clients allocating and releasing back to
+  back (saturation), round trips per second.
 
 Each figure is the median over the runs (fresh daemons each) of that run's value, the two
 stacks side by side with their ratio (aiohttp alone / lean: above 1 the lean path is
@@ -39,6 +41,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 from io import BytesIO
 from pathlib import Path
@@ -53,6 +56,7 @@ WARM_UP = 20
 TOPOCTL = 15  # topoctl allocate invocations per run
 JOBS = 8
 BURSTS = 30  # rounds of 8 jobs starting at once, per run
+SATURATION = 480  # round trips per saturation block, shared by the JOBS clients; 2 blocks per stack and run
 GRANT = json.dumps({"gpus": 1}).encode()
 STACKS = ("lean", "aiohttp")
 
@@ -262,6 +266,28 @@ def at_once(daemons: dict[str, Daemon]) -> dict[str, tuple[list[float], list[flo
     return out
 
 
+def saturation(daemons: dict[str, Daemon]) -> dict[str, list[float]]:
+    """Not a user's figure, shown beside them: JOBS clients (threads) each allocating and
+    releasing back to back, round trips per second, the stacks' blocks alternated."""
+    rates: dict[str, list[float]] = {stack: [] for stack in daemons}
+
+    def client(path: str, trips: int) -> None:
+        for _ in range(trips):
+            release(path, allocate(path)[0])
+
+    for i in range(2):
+        for stack in _order(daemons, i):
+            threads = [threading.Thread(target=client, args=(daemons[stack].socket, SATURATION // JOBS))
+                       for _ in range(JOBS)]
+            began = time.perf_counter()
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            rates[stack].append(SATURATION // JOBS * JOBS / (time.perf_counter() - began))
+    return rates
+
+
 def one_run(source: Path, root: Path, work: Path) -> dict[str, dict[str, float]]:
     """Both stacks started side by side, each figure measured on them in turn."""
     daemons = {stack: Daemon(source, root, work / stack, stack) for stack in STACKS}
@@ -272,6 +298,7 @@ def one_run(source: Path, root: Path, work: Path) -> dict[str, dict[str, float]]
         single = single_client(daemons)
         burst = at_once(daemons)
         walls = topoctl_allocate(daemons)
+        rates = saturation(daemons)
     finally:
         for daemon in daemons.values():
             daemon.stop()
@@ -284,6 +311,7 @@ def one_run(source: Path, root: Path, work: Path) -> dict[str, dict[str, float]]
             "release_p50": statistics.median(releases), "release_p99": p99(releases),
             "burst_p99": p99(grants), "burst_max_median": statistics.median(slowest),
             "topoctl_p50": statistics.median(walls[stack]),
+            "saturation": statistics.median(rates[stack]),
         }
     return figures
 
@@ -296,6 +324,8 @@ FIGURES = [
     ("burst_p99", f"{JOBS} jobs allocating at once, p99 over {BURSTS} rounds"),
     ("burst_max_median", f"{JOBS} jobs allocating at once, median of each round's slowest"),
     ("topoctl_p50", "`topoctl allocate --gpus 1`, whole process, p50"),
+    ("saturation", f"saturation (not a user's figure): {JOBS} clients allocating and releasing back to back, "
+                   "round trips per second"),
 ]
 DECIDING = ("allocate_p50", "allocate_p99", "burst_p99")
 
@@ -346,6 +376,13 @@ def main() -> int:
                 runs[stack].append(figures)
         print(f"# load average {os.getloadavg()[0]:.2f} at the end")
         for key, label in FIGURES:
+            if key == "saturation":
+                lean = statistics.median(run[key] for run in runs["lean"])
+                alone = statistics.median(run[key] for run in runs["aiohttp"])
+                each = {stack: " / ".join(f"{run[key]:.0f}" for run in runs[stack]) for stack in STACKS}
+                print(f"{label}: aiohttp alone {alone:.0f}/s, lean {lean:.0f}/s, lean {lean / alone:.2f}x the rate "
+                      f"(runs: aiohttp {each['aiohttp']}; lean {each['lean']})")
+                continue
             lean = statistics.median(run[key] for run in runs["lean"])
             alone = statistics.median(run[key] for run in runs["aiohttp"])
             each = {stack: " / ".join(f"{run[key] * 1e3:.2f}" for run in runs[stack]) for stack in STACKS}
