@@ -6,7 +6,7 @@ end and the request may fit. That is true only when the request fits this host w
 nothing leased. When it does not, waiting is pointless, so the request is refused at
 once with `retryable: false` (topoctl exits 1, not 75), and a waiting request is
 answered then rather than at its timeout. One function decides it, for the immediate
-answer and for the queue (topod.service.leases, topod.service.lease_waiting).
+answer and for the queue (topod.service.leases, which serves both).
 
 What the empty host means: this topology, every GPU, core and NIC port free, only the
 reserved (housekeeping) CPUs out; isolated and nohz_full CPUs are never leased at all.
