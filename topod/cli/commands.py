@@ -52,7 +52,7 @@ EXIT_STATUS = (
     (3, "not found: unknown lease or GPU (topoctl doctor: findings reported)"),
     (75, "temporary failure (EX_TEMPFAIL): no free capacity now, queue full, daemon unavailable; retry later "
          "(a request the host can never satisfy is 1)"),
-    (141, "standard output closed early (a reader such as head(1) stopped reading)"),
+    (141, "standard output closed early (a reader such as head(1) stopped reading; nothing is said)"),
 )
 
 

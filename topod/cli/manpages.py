@@ -104,7 +104,7 @@ def topoctl_page() -> str:
 
 
 def topod_page() -> str:
-    from topod.service.main import build_parser
+    from topod.service.main import EXIT_STATUS, build_parser
 
     parser = build_parser()
     lines = _header("topod", 8, "System Manager's Manual")
@@ -117,9 +117,7 @@ def topod_page() -> str:
                    "It runs in the foreground (systemd Type=notify); SIGHUP reloads the configuration and "
                    "rediscovers, SIGTERM stops it. Options are never abbreviated."),
               ".SH OPTIONS", *_option_lines(parser),
-              ".SH EXIT STATUS", ".TP", "\\fB0\\fR", roff("stopped cleanly; --check-config: the file is valid"),
-              ".TP", "\\fB1\\fR", roff("a fatal start-up error (one line on standard error); --check-config: invalid"),
-              ".TP", "\\fB2\\fR", roff("usage error"),
+              ".SH EXIT STATUS", *[line for code, text in EXIT_STATUS for line in (".TP", f"\\fB{code}\\fR", roff(text))],
               ".SH FILES", ".TP", ".I /etc/topod/topod.toml", roff("the configuration, see topod.toml(5)"),
               ".TP", ".I /run/topod/topod.sock", roff("the API socket (mode 0660, group topod)"),
               ".TP", ".I /var/lib/topod", roff("the lease database (SQLite)"),

@@ -2,8 +2,9 @@
 
 Start-up is kept lean: the parser comes from a light table (topod.cli.commands) with only
 the chosen command populated, and the chosen handler's module is imported only now.
-Handlers write their whole output at once; errors writing standard output (a closed pipe,
-a full disk) are one line on stderr, never a traceback.
+Handlers write their whole output at once; a reader that stops reading (`| head`) ends
+topoctl silently with status 141, as SIGPIPE ends a coreutils tool; other errors writing
+standard output (a full disk) are one line on stderr, never a traceback.
 """
 
 from __future__ import annotations
@@ -110,9 +111,8 @@ def _stdout_failed(exc: StdoutError, stream, as_json: bool) -> int:  # noqa: ANN
     except (OSError, ValueError, AttributeError):
         pass  # a test's capture stream: nothing to silence
     if exc.error.errno == errno.EPIPE or isinstance(exc.error, BrokenPipeError):
-        error = TopodError("standard output closed early (broken pipe); output cut short")
-        error.code = "stdout_closed"
-        _report(error, as_json)
+        # The reader stopped reading (`topoctl ... | head`): silent, as a coreutils tool
+        # that SIGPIPE ends, with the status a shell reports for one (141).
         return exits.PIPE
     error = TopodError(f"writing standard output: {exc}")
     error.code = "stdout_failed"

@@ -8,10 +8,21 @@ import sys
 from topod import __version__
 from topod.errors import ConfigError, TopodError
 
-# sysexits' EX_CONFIG: the configuration (the file, or a state directory another daemon
-# holds) is wrong, and starting again will not help. The unit does not restart on it
-# (RestartPreventExitStatus=78); every other fatal error is 1 and is restarted.
+# sysexits' EX_CONFIG: the configuration file is wrong, and starting again will not help.
+# The unit does not restart on it (RestartPreventExitStatus=78); every other fatal error
+# is restarted: 1, and EX_TEMPFAIL when another topod holds the state directory (it may be
+# stopping: a restart a moment later succeeds).
 EX_CONFIG = 78
+EX_TEMPFAIL = 75
+# Every status topod exits with: the man page and docs/operations.md list these.
+EXIT_STATUS = (
+    (0, "stopped cleanly (SIGTERM); --check-config: the file is valid"),
+    (1, "a fatal error (one line on standard error; restarted by the unit); --check-config: the file is invalid"),
+    (2, "usage error (an unknown option)"),
+    (EX_TEMPFAIL, "the state directory is held by another topod (EX_TEMPFAIL; restarted by the unit)"),
+    (EX_CONFIG, "a configuration error (EX_CONFIG; not restarted until fixed: RestartPreventExitStatus=78)"),
+    (130, "interrupted (SIGINT in a terminal)"),
+)
 
 # Modules the daemon never uses that its libraries load when they are installed (issue
 # 26, bench/footprint.py):
@@ -95,9 +106,12 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(f"{args.check_config}: valid")
         return 0
+    made: str | None = None  # the first state directory this start creates, removed if it fails
+    daemon = None
     try:
         config = load_config(args.config).with_overrides(
             root=args.root, socket=args.socket, state_dir=args.state_dir)
+        made = _first_missing(config.get("daemon", "state_dir"))
         from topod.service.logsetup import setup_logging
 
         setup_logging(args.log_format or config.get("log", "format"), config.get("log", "level"))
@@ -117,8 +131,57 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as exc:  # noqa: BLE001 - one clear line, never a traceback
         if isinstance(exc, SystemExit):
             raise
-        return _fatal(exc, args.config)
+        code = _fatal(exc, args.config)
+        if made is not None and getattr(daemon, "api_address", None) is None:  # never served: no lease granted
+            _remove_made(made)
+        return code
+    finally:
+        _remove_own_socket()
     return 0
+
+
+def _first_missing(path: str) -> str | None:
+    """The outermost directory of `path` that does not exist yet (what a start would
+    create), or None when it exists."""
+    import os
+
+    path = os.path.abspath(path)
+    missing = None
+    while path and not os.path.lexists(path):
+        missing, parent = path, os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return missing
+
+
+# What a start that failed leaves in a state directory it created itself: nothing else is
+# ever removed (a directory holding anything more stays, and says why the start failed).
+_MADE_FILES = ("topod.lock", "leases.sqlite3", "leases.sqlite3-wal", "leases.sqlite3-shm", "leases.sqlite3-journal")
+
+
+def _remove_made(top: str) -> None:
+    """Undo the directories this failed start created under `top` (the state directory
+    and any parents it made), with only the files a start writes in them."""
+    import os
+
+    for current, dirs, files in os.walk(top, topdown=False):
+        for name in files:
+            if name in _MADE_FILES:
+                try:
+                    os.unlink(os.path.join(current, name))
+                except OSError:
+                    pass
+        try:
+            os.rmdir(current)
+        except OSError:
+            return  # something else is there: leave it and everything above it
+
+
+def _remove_own_socket() -> None:
+    server = sys.modules.get("topod.service.server")  # not imported: nothing was bound
+    if server is not None:
+        server.remove_bound_sockets()
 
 
 def _fatal(exc: BaseException, config_path: str | None = None) -> int:
@@ -128,6 +191,11 @@ def _fatal(exc: BaseException, config_path: str | None = None) -> int:
         exc = exc.exceptions[0]
     if isinstance(exc, KeyboardInterrupt):
         return 130
+    from topod.service.statelock import StateDirBusyError
+
+    if isinstance(exc, StateDirBusyError):
+        print(f"topod: {exc} (exit {EX_TEMPFAIL}: retried)", file=sys.stderr)
+        return EX_TEMPFAIL
     if isinstance(exc, ConfigError):
         where = f"{config_path}: " if config_path and not str(exc).startswith(config_path) else ""
         print(f"topod: configuration error (not restarted until fixed): {where}{exc}", file=sys.stderr)

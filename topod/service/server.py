@@ -39,6 +39,23 @@ from topod.service.connection_gate import (ACCEPT_BATCH, REFUSAL, REFUSAL_LINGER
 log = structlog.get_logger("topod")
 
 
+# The socket files this process bound (path -> (st_dev, st_ino)): removed at its end only
+# while they are still these files, never a socket systemd passed (socket activation).
+_BOUND: dict[str, tuple[int, int]] = {}
+
+
+def remove_bound_sockets() -> None:
+    """Remove the socket files this process bound, each only if the path is still ours."""
+    for path, identity in list(_BOUND.items()):
+        try:
+            now = os.lstat(path)
+            if (now.st_dev, now.st_ino) == identity:
+                os.unlink(path)
+        except OSError:
+            pass
+        _BOUND.pop(path, None)
+
+
 def bind_unix_socket(path: str, mode: int, gid: int | None) -> socket.socket:
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -54,6 +71,8 @@ def bind_unix_socket(path: str, mode: int, gid: int | None) -> socket.socket:
         sock.bind(path)
     finally:
         os.umask(old)
+    bound = os.lstat(path)
+    _BOUND[path] = (bound.st_dev, bound.st_ino)
     if gid is not None:
         try:
             os.chown(path, -1, gid)

@@ -2,7 +2,8 @@
 for the daemon's life. The kernel drops it when the process ends, kill -9 included, so a
 stale file never blocks a start. A second daemon on the same directory would share the
 lease database and fail later on constraint errors; it stops at once instead, naming the
-holder's pid, with the configuration exit status (starting again will not help)."""
+holder's pid (StateDirBusyError: topod exits EX_TEMPFAIL, 75, which systemd retries,
+as the other daemon may be on its way out)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,16 @@ import fcntl
 import os
 import stat
 
-from topod.errors import ConfigError
+from topod.errors import ConfigError, TopodError
 
 LOCK_NAME = "topod.lock"
+
+
+class StateDirBusyError(TopodError):
+    """Another topod holds the state directory: temporary (it may be stopping), not a
+    configuration error."""
+
+    code = "state_dir_busy"
 
 
 class StateDirLock:
@@ -47,7 +55,7 @@ class StateDirLock:
             os.close(fd)
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
                 who = f"pid {holder}" if holder else "another process"
-                raise ConfigError(f"state directory {state_dir} is in use by another topod ({who} holds {path}); "
+                raise StateDirBusyError(f"state directory {state_dir} is in use by another topod ({who} holds {path}); "
                                   "one daemon per state directory: stop it, or give this one another --state-dir"
                                   ) from None
             raise ConfigError(f"cannot lock {path}: {exc.strerror or exc}") from None
