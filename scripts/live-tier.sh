@@ -178,7 +178,8 @@ case "${1:-run}" in
         export TOPOD_LIVE_TIER=1 TOPOD_LIVE_IMAGE=$PWD/$IMAGE TOPOD_LIVE_WHEELHOUSE=$PWD/$WHEELHOUSE
         status=0
         rm -f build/live-run/timings.txt
-        .venv/bin/python -m pytest -q -p no:cacheprovider -rs tests/live "${@:2}" || status=$?
+        # -s: the tests print what they measured ("live: ..." lines); -rsxX: why any skipped or xfailed
+        .venv/bin/python -m pytest -q -s -p no:cacheprovider -rsxX tests/live "${@:2}" || status=$?
         cat build/live-run/timings.txt 2>/dev/null || true
         echo "make test-live: $((SECONDS - started)) s in all (logs: build/live-run/)"
         exit $status

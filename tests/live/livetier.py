@@ -111,7 +111,17 @@ def gpuless_lease(guest, cpus: int, near: str, ttl: float = 900, **more) -> dict
     reason = _GPULESS_SUPPORT.get("reason")
     if reason:
         pytest.skip(reason)
-    status, body = api(guest, "POST", "/v1/leases", {"gpus": 0, "cpus": cpus, "near": near, "ttl_seconds": ttl, **more})
+    status, body = api(guest, "POST", "/v1/leases", gpuless_request(cpus, near, ttl, **more))
+    return granted_or_skip(status, body, cpus, near)
+
+
+def gpuless_request(cpus: int, near: str, ttl: float = 900, **more) -> dict:
+    return {"gpus": 0, "cpus": cpus, "near": near, "ttl_seconds": ttl, **more}
+
+
+def granted_or_skip(status: int, body: object, cpus: int, near: str) -> dict:
+    """The lease a 201 carries; a skip (remembered for the session) when the daemon's 400
+    says it has no GPU-less leases; a failure for any other answer."""
     if status == 400 and _names_a_gpuless_field(body):
         _GPULESS_SUPPORT["reason"] = ("GPU-less leases are not in this daemon yet: POST /v1/leases "
                                       f'{{"gpus": 0, "cpus": {cpus}, "near": "{near}"}} answered 400 '
