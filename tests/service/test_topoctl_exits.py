@@ -28,6 +28,7 @@ def test_requests_the_host_can_never_satisfy_exit_1_and_a_busy_host_75(daemon_fa
     assert too_many.returncode == 1 and "this host has 8" in too_many.stderr, too_many
     no_model = topoctl(daemon.socket, "allocate", "--gpus", "1", "--model", "Z9000")
     assert no_model.returncode == 1 and "0 matching" in no_model.stderr, no_model
+    assert "its models: NVIDIA H800" in no_model.stderr  # what it could have asked for
     assert topoctl(daemon.socket, "allocate", "--gpus", "8", "--level", "any").returncode == 0
     busy = topoctl(daemon.socket, "allocate", "--gpus", "1")
     assert busy.returncode == 75 and "free" in busy.stderr, busy

@@ -134,7 +134,8 @@ def _decide(view: HostView, state: FreeState, request: Request, policy: PolicySe
     eligible = eligible_gpus(view, request, reasons)
     must = forced_gpus(view, request, eligible)
     if k > len(eligible):
-        raise InsufficientGpusError(f"{k} GPUs requested; this host has {len(eligible)} matching GPUs",
+        models = f" (its models: {', '.join(sorted({g.name or 'unnamed' for g in view.gpus}))})" if request.model else ""
+        raise InsufficientGpusError(f"{k} GPUs requested; this host has {len(eligible)} matching GPUs{models}",
                                     retryable=False)
     busy = set(map(view.position.get, state.busy_gpus))  # None for a GPU not on this host
     busy.discard(None)
