@@ -20,6 +20,7 @@ def full_snapshot() -> dict:
         "gpus_by_state": {"free": 6, "leased": 2},
         "nics_by_state": {"free": 5, "leased": 2, "down": 1},
         "leases": [{"id": "l-1", "gpus": 2, "satisfaction": 1.0}, {"id": "l-2", "gpus": 1}],
+        "gpu_leased": {0: 1, 1: 1, 2: 0},
         "decision_latency": latency.to_snapshot(),
         "requests": [{"result": "granted", "reason": "", "count": 9},
                      {"result": "denied", "reason": "not_in_group", "count": 1},
@@ -48,8 +49,9 @@ def test_every_section_becomes_its_metrics():
     assert values['topod_nics{state="leased"}'] == 2
     assert values['topod_nics{state="down"}'] == 1
     assert values["topod_leases_active"] == 2
-    assert values['topod_lease_topology_satisfaction_ratio{lease="l-1"}'] == 1.0
-    assert 'topod_lease_topology_satisfaction_ratio{lease="l-2"}' not in values
+    assert not [name for name in values if "lease=" in name], "no series per lease id"
+    assert [values[f'topod_gpu_leased{{gpu="{g}"}}'] for g in range(3)] == [1, 1, 0]
+    assert values["topod_lease_topology_satisfaction_min_ratio"] == 1.0
     assert values['topod_allocation_requests_total{reason="not_in_group",result="denied"}'] == 1
     assert values['topod_allocation_requests_total{reason="insufficient_gpus",result="rejected"}'] == 2
     assert values['topod_allocation_requests_total{reason="",result="granted"}'] == 9
@@ -174,3 +176,20 @@ def test_promtool_check_would_catch_a_broken_exposition():
     broken = "# TYPE topod_x counter\ntopod_x 1\n"  # a counter without _total: promtool lints it
     result = subprocess.run([PROMTOOL, "check", "metrics"], input=broken, capture_output=True, text=True, timeout=60)
     assert (result.stdout + result.stderr).strip() != ""
+
+
+def test_lease_series_stay_bounded_however_many_leases_come_and_go():
+    """A thousand leases granted over time give the same series as two: per GPU and
+    totals, never a series per lease id (each would live on in Prometheus)."""
+    def names(leases: list[dict]) -> set[str]:
+        snapshot = {"leases": leases, "gpu_leased": {0: 1, 1: 0}}
+        return {name.split(" ")[0] for name in render_metrics(snapshot).splitlines() if not name.startswith("#")}
+
+    few = names([{"id": f"l-{n}", "gpus": 1, "cpus": 4, "satisfaction": 1.0} for n in range(2)])
+    many = names([{"id": f"l-{n}", "gpus": 1, "cpus": 4, "satisfaction": 0.5} for n in range(1000)])
+    assert few == many
+
+
+def test_a_gpu_leased_flag_other_than_0_or_1_is_refused():
+    with pytest.raises(ValueError, match="gpu_leased.3 must be 0 or 1"):
+        render_metrics({"gpu_leased": {3: 2}})

@@ -11,6 +11,7 @@ The snapshot's keys:
       "gpus_by_state": {"free": 6, "leased": 2},            # topod_gpus{state}
       "nics_by_state": {"free": 5, "leased": 2, "down": 1}, # topod_nics{state}: RDMA NIC ports
       "leases": [{"id": "l-1", "gpus": 2, "cpus": 8, "satisfaction": 1.0}],  # cpus: optional
+      "gpu_leased": {0: 1, 1: 1, 2: 0},                     # topod_gpu_leased{gpu}
       "decision_latency": {"buckets": {1e-05: 0, 0.0001: 3, 0.001: 9}, "sum": 0.004, "count": 12},
       "requests": [                                          # topod_allocation_requests_total{result,reason}
         {"result": "granted", "reason": "", "count": 9},     # counters, since start
@@ -177,29 +178,40 @@ def _nics(value: Mapping[str, object]) -> Iterator[object]:
 
 
 def _leases(value: list[Mapping[str, object]]) -> Iterator[object]:
+    """Totals over the active leases, no series per lease: a lease id as a label would add
+    series for every lease ever granted (per-lease detail is GET /v1/leases')."""
     from prometheus_client.core import GaugeMetricFamily
 
     yield GaugeMetricFamily(PREFIX + "leases_active", "active leases (with GPUs or without)", value=len(value))
-    gpus = GaugeMetricFamily(PREFIX + "lease_gpus", "GPUs held by each active lease", labels=["lease"])
-    cpus = GaugeMetricFamily(PREFIX + "lease_cpus", "CPUs held by each active lease", labels=["lease"])
-    satisfaction = GaugeMetricFamily(
-        PREFIX + "lease_topology_satisfaction_ratio",
-        "share of local (same NUMA node) links among each lease's GPU pairs; 1 for one GPU",
-        labels=["lease"],
-    )
+    held_cpus, ratios = 0.0, []
     for lease in value:
         lease_id = str(lease["id"])
-        gpus.add_metric([lease_id], _number(f"leases[{lease_id}].gpus", lease.get("gpus", 0)))
         if lease.get("cpus") is not None:
-            cpus.add_metric([lease_id], _number(f"leases[{lease_id}].cpus", lease["cpus"]))
+            held_cpus += _number(f"leases[{lease_id}].cpus", lease["cpus"])
         if lease.get("satisfaction") is not None:
             ratio = _number(f"leases[{lease_id}].satisfaction", lease["satisfaction"])
             if not 0.0 <= ratio <= 1.0:
                 raise ValueError(f"metrics snapshot: leases[{lease_id}].satisfaction {ratio} is outside 0..1")
-            satisfaction.add_metric([lease_id], ratio)
-    yield gpus
-    yield cpus
-    yield satisfaction
+            ratios.append(ratio)
+    yield GaugeMetricFamily(PREFIX + "leased_cpus", "CPUs held by active leases", value=held_cpus)
+    if ratios:
+        yield GaugeMetricFamily(
+            PREFIX + "lease_topology_satisfaction_min_ratio",
+            "the lowest share of local (same NUMA node) links among an active lease's GPU pairs; 1 for one GPU",
+            value=min(ratios))
+
+
+def _gpu_leased(value: Mapping[object, object]) -> Iterator[object]:
+    """topod_gpu_leased{gpu}: 1 while the GPU is in a lease, else 0; one series per GPU."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    family = GaugeMetricFamily(PREFIX + "gpu_leased", "1 while the GPU is in a lease, else 0", labels=["gpu"])
+    for index, held in sorted(value.items(), key=lambda item: int(item[0])):
+        flag = _number(f"gpu_leased.{index}", held)
+        if flag not in (0.0, 1.0):
+            raise ValueError(f"metrics snapshot: gpu_leased.{index} must be 0 or 1, got {held!r}")
+        family.add_metric([str(int(index))], flag)
+    yield family
 
 
 def _latency(value: Mapping[str, Any]) -> Iterator[object]:
@@ -335,6 +347,7 @@ _SECTIONS = {
     "gpus_by_state": _gpus,
     "nics_by_state": _nics,
     "leases": _leases,
+    "gpu_leased": _gpu_leased,
     "decision_latency": _latency,
     "requests": _requests,  # or one of _REQUEST_FORMS: see _SnapshotCollector
     "irq_moves": _irq_moves,

@@ -16,6 +16,7 @@ def metrics_snapshot(daemon) -> dict:
         "gpus_by_state": {"free": total - len(leased), "leased": len(leased)},
         "leases": [{"id": lease.id, "gpus": len(lease.gpus), "cpus": len(lease.cpus),
                     "satisfaction": lease.decision.satisfaction} for lease in alloc.leases()],
+        "gpu_leased": {gpu.index: int(gpu.index in leased) for gpu in daemon.topology.gpus},
         "decision_latency": alloc.decision_latency.to_snapshot(),
         "requests": [{"result": result, "reason": reason, "count": count}
                      for (result, reason), count in sorted(alloc.outcomes.items())],
