@@ -96,3 +96,53 @@ def test_captured_outputs_compare_and_a_mismatch_fails_the_run(trees, capsys, tm
     bad.write_text(ROCM_TEXT.replace("(Topology) Numa Node: 1", "(Topology) Numa Node: 0"))
     assert main(["--root", root, "--rocm-smi-file", str(bad)]) == 1
     assert "MISMATCH GPU4 NUMA node: topod says 1, the tool says 0" in capsys.readouterr().out
+
+
+LINKS = Path(__file__).resolve().parents[1] / "fixtures" / "links"
+
+
+@pytest.fixture(scope="module")
+def pcie_host(tmp_path_factory):
+    return build_host(load_builtin_spec("pcie-8gpu"), tmp_path_factory.mktemp("pcie-8gpu"))
+
+
+def test_near_far_copies_agree_with_topods_numa_nodes_on_a_well_described_host(pcie_host, capsys):
+    table = LINKS / "pcie-8gpu-uplink-degrades.json"  # its degradation starts 300 s in
+    status = main(["--root", str(pcie_host), "--probe", f"simulated:{table}"])
+    out = capsys.readouterr().out
+    near_far = [line for line in out.splitlines() if line.startswith("near/far GPU")]
+    assert status == 0 and len(near_far) == 8, out
+    assert "compared: near/far copies of 8 GPU(s) through simulated: 0 mismatch(es)" in out
+    assert "MISMATCH" not in out
+
+
+def test_a_gpu_nearer_another_node_than_topod_says_is_a_mismatch(pcie_host, capsys):
+    """The firmware puts GPU 3 on node 0; the link table says it really hangs off node 1:
+    copies from node 1 are faster, and the check says so for GPU 3 alone."""
+    status = main(["--root", str(pcie_host), "--probe", f"simulated:{LINKS / 'pcie-8gpu-gpu3-on-node1.json'}"])
+    out = capsys.readouterr().out
+    mismatches = [line for line in out.splitlines() if line.startswith("MISMATCH")]
+    assert status == 1, out
+    assert len(mismatches) == 1 and mismatches[0].startswith("MISMATCH GPU3 ") and "nearer node 1" in mismatches[0]
+
+
+def test_a_probe_backend_that_cannot_open_leaves_the_check_unchecked_not_failed(pcie_host, capsys):
+    pytest.importorskip("topod.probe.cuda")
+    status = main(["--root", str(pcie_host), "--probe", "cuda"])
+    out = capsys.readouterr().out
+    try:
+        import cuda  # noqa: F401
+    except ImportError:
+        assert status == 0 and "unchecked: near/far host-to-device copies: cuda:" in out, out
+    else:  # pragma: no cover - a machine with cuda-python: the probe then opens or says why not
+        assert "near/far" in out
+
+
+def test_farthest_node_is_the_largest_slit_distance_and_none_with_one_node(trees):
+    from topod.conformance.nearfar import farthest_node
+
+    _, h800 = trees["h800-8gpu"]
+    assert farthest_node(h800, 0) == 1 and farthest_node(h800, 1) == 0
+    _, vm = trees["vm-nogpu"]  # one NUMA node
+    (only,) = [node.id for node in vm.numa_nodes if node.cpus]
+    assert farthest_node(vm, only) is None

@@ -6,6 +6,11 @@ Prints what it compared and one MISMATCH line per disagreement (exit 1), or one
 that is absent is said so and its half is left unchecked. --nvidia-smi-file and
 --rocm-smi-file take captured output instead (another host's, or a bug report's), with
 --root naming that host's captured tree.
+
+Then host-to-device copies near and far (topod.conformance.nearfar) through a probe
+backend: `cuda` by default on this host's NVIDIA GPUs (needs cuda-python: `pip install
+'topod[cuda]'`), any backend spec with --probe (`simulated:<table>` replays a link table),
+`--probe none` to leave it out. A backend that cannot open is said so, not failed.
 """
 
 from __future__ import annotations
@@ -47,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", default="/", help="host tree (default: this host)")
     parser.add_argument("--nvidia-smi-file", help="captured `nvidia-smi topo -m` output")
     parser.add_argument("--rocm-smi-file", help="captured `rocm-smi --showtopo` output")
+    parser.add_argument("--probe", default=None, metavar="BACKEND",
+                        help="probe backend for the near/far copy check: cuda (default on this host's NVIDIA "
+                             "GPUs), simulated:<table>, or none")
     args = parser.parse_args(argv)
     try:
         topology = discover(HostRoot(args.root), live_nvml=args.root == "/")
@@ -79,7 +87,44 @@ def main(argv: list[str] | None = None) -> int:
             print(mismatch.line())
         mismatches.extend(found)
         print(f"compared: {vendor} GPUs against {source}: {len(found)} mismatch(es)")
+    mismatches += check_near_far(topology, probe_spec(args.probe, args.root, topology))
     return 1 if mismatches else 0
+
+
+def probe_spec(given: str | None, root: str, topology) -> str | None:  # noqa: ANN001 - a Topology
+    """The backend to copy with: the one given, else CUDA on this host's NVIDIA GPUs."""
+    if given is not None:
+        return None if given == "none" else given
+    if root == "/" and any(gpu.vendor != "amd" for gpu in topology.gpus):
+        return "cuda"
+    return None
+
+
+def check_near_far(topology, spec: str | None) -> list[object]:  # noqa: ANN001 - a Topology
+    """Print each GPU's near and far copy rates; the mismatches."""
+    from topod.conformance.nearfar import near_far
+    from topod.probe.backend import ProbeUnavailable
+    from topod.probe.registry import open_backend
+
+    if spec is None:
+        print("unchecked: near/far host-to-device copies: no probe backend for these GPUs here (--probe)")
+        return []
+    try:
+        backend = open_backend(spec, topology)
+    except (ProbeUnavailable, TopodError, OSError) as exc:
+        print(f"unchecked: near/far host-to-device copies: {spec}: {exc}")
+        return []
+    try:
+        checked, unchecked = near_far(topology, backend)
+    finally:
+        backend.close()
+    for line in unchecked:
+        print(f"unchecked: near/far {line}")
+    for result in checked:
+        print(result.line())
+    found = [result for result in checked if result.mismatch]
+    print(f"compared: near/far copies of {len(checked)} GPU(s) through {backend.name}: {len(found)} mismatch(es)")
+    return found
 
 
 if __name__ == "__main__":
