@@ -249,6 +249,7 @@ def _enclose(client, lease: dict, pid: int, cpus: list[int] | None, nodes: list[
              "AllowedMemoryNodes": format_cpulist(spec.memory_nodes) if spec.memory_nodes else None,
              "DevicePolicy": "closed",
              "DeviceAllow": [f"{path} {access}" for path, access in device_allow(spec.gpu_numbers, spec.controls)]}
+    placed: dict | None = None  # the daemon's answer once it has recorded the scope on the lease
     try:
         start_scope(spec)
         scope["created"] = True
@@ -258,26 +259,37 @@ def _enclose(client, lease: dict, pid: int, cpus: list[int] | None, nodes: list[
             # polkit refuses this user; topod (root) places the lease owner's own child
             # (POST /v1/leases/{id}/scope) and stops the scope when the lease ends.
             try:
-                client.place_in_scope(lease["id"], pid)
+                placed = client.place_in_scope(lease["id"], pid)
                 scope.update(created=True, reason=None, by="topod")
-            except Exception as placed:  # noqa: BLE001 - an older topod, or none on the bus: said
-                scope["reason"] += f"; topod could not place it either ({placed})"
+            except Exception as refused:  # noqa: BLE001 - an older topod, or none on the bus: said
+                scope["reason"] += f"; topod could not place it either ({refused})"
+    if scope["created"] and placed is None:
+        # Started here: topod records it on the lease (joining the unit it finds), so the
+        # lease, health and this answer say the same, and a revoke stops the scope.
+        try:
+            placed = client.place_in_scope(lease["id"], pid)
+        except Exception as unrecorded:  # noqa: BLE001 - an older topod: the lease keeps its own word
+            scope["recorded"] = f"topod did not record the scope ({unrecorded})"
     # sched_setaffinity takes a mask that names at least one CPU this process may use; a
     # lease from another host's tree may name none here, and then nothing is pinned.
     pinnable = bool(cpus) and bool(set(cpus) & os.sched_getaffinity(0))
-    mode = lease_mode(host.mode, pinnable)
-    if scope["created"] and host.mode == "cgroup" and cpus:
-        mode = "cgroup"
-    if not pinnable and cpus and mode != "cgroup":
+    # What holds the job is what the lease says it gets (the daemon's word, never more).
+    mode = (placed or {}).get("lease_enforcement") or lease.get("enforcement") or lease_mode(host.mode, pinnable)
+    if mode == "affinity" and not pinnable:
+        mode = "none"
+    if mode == "cgroup":
+        reason = f"runs in {spec.name}: cgroup v2 cpuset holds its CPUs and memory nodes"
+    elif not pinnable and cpus:
         reason = f"none of the lease's CPUs ({format_cpulist(cpus)}) is available to this process: nothing is pinned"
+    elif mode == "none":
+        reason = ("the lease says topod enforces nothing for it (a captured host tree's lease, or no CPUs); "
+                  "pinned here by sched_setaffinity only")
     elif not scope["created"]:
         reason = (f"no systemd scope ({scope['reason']}); CPUs held by sched_setaffinity only (the job may undo "
                   "it), GPUs by CUDA_VISIBLE_DEVICES only")
-    elif mode != "cgroup":
-        reason = (f"runs in {spec.name}, but its AllowedCPUs=/AllowedMemoryNodes= are only recorded here "
-                  f"({host.reason})")
     else:
-        reason = f"runs in {spec.name}: cgroup v2 cpuset holds its CPUs and memory nodes"
+        reason = (f"runs in {spec.name}, but its AllowedCPUs=/AllowedMemoryNodes= are only recorded here "
+                  f"({host.reason}); CPUs held by sched_setaffinity")
     return {"lease": lease["id"], "gpus": lease.get("gpus", []), "enforcement": mode, "reason": reason,
             "host_enforcement": host.mode, "scope": scope}
 
