@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import shlex
 
-
 from guest import NODE_CPUS
 from livetier import (affinities, api, gpuless_lease, gpuless_request, granted_or_skip, irq_report, leases, release,
                       require_gpuless_leases)
