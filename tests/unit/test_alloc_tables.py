@@ -137,9 +137,9 @@ def test_slot_inits_build_what_the_dataclass_init_builds():
         (SearchResult, ((1, 2), 1.5, True, 7), {}),
         (CoreChoice, ({3: (4, 36)}, {3: 0}, False, ("why",)), {}),
         (Decision, ((3,), (placement,), {3: (4, 36)}, (0,), (0,), 0.0, 0.0, "best", "good", 1.0, performance, True,
-                    False, ("why",)), {}),
+                    False, ("why",)), {"cpu_only": (), "near": None}),
         (Decision, ((3,), (placement,), {3: (4, 36)}, (0,), (0,), 0.0, 0.0, "best", "good", 1.0, performance, True,
-                    False), {"reasons": ()}),
+                    False), {"reasons": (), "cpu_only": (), "near": None}),
     ]
     for cls, args, defaults in cases:
         built = cls(*args)
