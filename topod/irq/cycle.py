@@ -8,7 +8,7 @@ changes, `replan()` when a lease is granted or released (no /proc scan: only the
 whose candidate CPUs changed are planned and written), publishes the events each report
 carries, and serves `report()` (GET /v1/irqs), `health()` (/v1/health) and
 `status_text()` (sd_notify STATUS=). Writing a plan and judging each write's outcome
-(_carry_out, _record) is its mixin's: topod.irq.cycle_writes.
+(_carry_out, _record) is the last part of the class.
 
 Threads: cycle(), replan() and configure() are called one at a time (any thread);
 report(), health(), status_text() and summary() may be called from another thread at
@@ -17,17 +17,17 @@ any moment: they read one immutable view, swapped in whole at the end of each ca
 
 from __future__ import annotations
 
+import errno
 import time
 from collections.abc import Callable, Iterable, Mapping
 
 from topod.cpulist import format_cpulist
 from topod.host import HostRoot
-from topod.irq.apply import REFUSED_HERE_ERRNOS, errno_name
+from topod.irq.apply import PERMANENT, REFUSED_HERE_ERRNOS, TRANSIENT, TREE_ERRNOS, WriteOutcome, apply_entry, errno_name
 from topod.irq.baseline import Baseline
 from topod.irq.classify import IrqInfo, classify_irqs
 from topod.irq.coexist import IrqbalanceState, ban_guidance, detect_irqbalance
-from topod.irq.cycle_writes import CycleWrites
-from topod.irq.failures import Failures, Retry, Unsettable
+from topod.irq.failures import Blocked, Failures, Retry, Unsettable
 from topod.irq.planner import Plan, PlanEntry, PlanInput, plan_irqs
 from topod.irq.procfs import Interrupts, IrqAffinity, Load, measure_load, read_snapshot
 from topod.irq.report import CycleReport, View, near_device, per_cpu
@@ -38,7 +38,7 @@ from topod.record import replace
 __all__ = ["MODES", "CycleReport", "IrqBalancer"]
 
 
-class IrqBalancer(CycleWrites):
+class IrqBalancer:
     def __init__(self, host: HostRoot, settings: IrqSettings | None = None, *,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
         self.host = host
@@ -312,3 +312,130 @@ class IrqBalancer(CycleWrites):
         what = ("kernel-managed or not settable" if mark.managed else
                 "refused by topod's write checks" if mark.errno in REFUSED_HERE_ERRNOS else "refused by the kernel")
         return f"{what} ({errno_name(mark.errno)}); the kernel delivers it on {where}, {locality}; never retried"
+
+    # -- carrying a plan out: which planned changes are written now (not while yielding or
+    # in dry-run, not before an IRQ's retry is due, one probe while /proc/irq takes no
+    # write), and what each write's outcome makes of the failures, cooldowns and events
+    # (apply.py writes one entry; irqbalance keeps activate.c apart from placement.c the same way)
+    def _carry_out(self, plan: Plan, topology: Topology, may_write: bool, now: float, yielded: bool,
+                   affinity: dict[int, IrqAffinity], *, probe: bool) -> tuple[dict[int, str], list[dict[str, object]]]:
+        """Write what changes. While /proc/irq takes no write, a full cycle (probe=True)
+        tries one write to find out whether it does again (each IRQ in turn, so a verdict
+        drawn from a few IRQs cannot hold the others back for good); nothing else is attempted."""
+        failures = self.failures
+        status: dict[int, str] = {}
+        events: list[dict[str, object]] = []
+        refused: list[tuple[PlanEntry, WriteOutcome]] = []  # permanent, not managed: judged at the end
+        attempted = 0
+        blocked_now: PlanEntry | None = None
+        for entry in plan.entries:
+            if entry.managed:
+                mark = failures.unsettable.get(entry.irq)
+                status[entry.irq] = "refused" if mark is not None and not mark.managed else "managed"
+                continue
+            if not entry.changes:
+                status[entry.irq] = "unchanged"
+                continue
+            if not may_write:
+                status[entry.irq] = "held" if yielded else "planned"
+                continue
+            retry = failures.retries.get(entry.irq)
+            if retry is not None and retry.next_at > now:
+                status[entry.irq] = "retrying"
+                continue
+            blocked = failures.blocked
+            if blocked is not None and (not probe or entry.irq <= failures.last_probe):
+                status[entry.irq] = "unwritable"
+                continue
+            if blocked is not None:
+                failures.last_probe = entry.irq  # the next probe tries the next IRQ, in turn
+            probe = False
+            outcome = apply_entry(self.host, entry)
+            if outcome is None:
+                status[entry.irq] = "unchanged"
+                continue
+            if blocked is not None:
+                if outcome.status == PERMANENT and outcome.errno == blocked.errno:
+                    status[entry.irq] = "unwritable"  # still: say nothing, try again next full cycle
+                    if blocked.refused:
+                        blocked.refused[entry.irq] = entry.name
+                    continue
+                failures.unblock()
+                events.append({"event": "irq_writes_possible", "irq": entry.irq, "errno": None,
+                               "reason": f"a write under /proc/irq was taken again (was: {blocked.reason})"})
+                self._refused_after_all(blocked, events)
+            attempted += 1
+            if outcome.written is not None:
+                affinity[entry.irq] = IrqAffinity(outcome.written, outcome.effective,
+                                                  affinity[entry.irq].node if entry.irq in affinity else None)
+            if outcome.status == PERMANENT and not outcome.managed:
+                if outcome.errno in TREE_ERRNOS:
+                    failures.block(outcome.errno or 0, self.wall(), self._mode or self.settings.mode)
+                    blocked_now = entry
+                    status[entry.irq] = "unwritable"
+                    continue
+                refused.append((entry, outcome))
+                status[entry.irq] = "refused"
+                continue
+            status[entry.irq] = self._record(entry, outcome, topology, now, events)
+        if probe and failures.blocked is not None:
+            failures.last_probe = -1  # every IRQ had its turn: start again from the first
+        codes = {outcome.errno for _, outcome in refused}
+        if blocked_now is None and len(refused) >= 2 and len(refused) == attempted and len(codes) == 1:
+            # Every write of this call failed alike: the tree, not the IRQs, refuses.
+            failures.block(codes.pop() or 0, self.wall(), self._mode or self.settings.mode,
+                           {entry.irq: entry.name for entry, _ in refused})
+            blocked_now = refused[0][0]
+            for entry, _ in refused:
+                status[entry.irq] = "unwritable"
+            refused = []
+        for entry, outcome in refused:
+            status[entry.irq] = self._record(entry, outcome, topology, now, events)
+        if blocked_now is not None and failures.blocked is not None:
+            count = sum(1 for state in status.values() if state == "unwritable")
+            events.append({"event": "irq_writes_impossible", "irq": blocked_now.irq,
+                           "errno": errno_name(failures.blocked.errno), "unwritable": count,
+                           "reason": failures.last_error})
+        return status, events
+
+    def _refused_after_all(self, blocked: Blocked, events: list[dict[str, object]]) -> None:
+        """A write was taken again after every write had failed alike: the IRQs that failed
+        are refused one by one (marked and announced once), not the whole tree."""
+        for irq, name in blocked.refused.items():
+            self.failures.unsettable[irq] = Unsettable(name, blocked.errno)
+            events.append({"event": "irq_unsettable", "irq": irq, "device": None, "name": name,
+                           "errno": errno_name(blocked.errno), "effective": None, "near_device": None,
+                           "reason": f"the kernel refused the write ({errno_name(blocked.errno)}) while other IRQs "
+                                     "took theirs; never retried"})
+
+    def _record(self, entry: PlanEntry, outcome: WriteOutcome, topology: Topology, now: float,
+                events: list[dict[str, object]]) -> str:
+        failures = self.failures
+        if outcome.changed:
+            failures.retries.pop(entry.irq, None)
+            self.cooldown_until[entry.irq] = now + self.settings.cooldown_seconds
+            reason = entry.reason + (f" ({outcome.message})" if outcome.message else "")
+            events.append({"event": "irq_moved", "irq": entry.irq, "device": entry.device, "name": entry.name,
+                           "from": list(entry.current or ()), "to": list(outcome.written or ()), "reason": reason})
+            return outcome.status
+        what = f"IRQ {entry.irq}" + (f" ({entry.name})" if entry.name else "")
+        if outcome.status == PERMANENT:
+            failures.unsettable[entry.irq] = Unsettable(entry.name, outcome.errno or errno.EIO)
+            failures.retries.pop(entry.irq, None)
+            near = near_device(topology, entry.device, outcome.effective)
+            why = "kernel-managed or not settable" if outcome.managed else outcome.message if outcome.refused_here \
+                else f"the kernel refused the write ({outcome.errno_name}), an answer that is not transient"
+            failures.last_error = f"{what}: {why}"
+            # Announced once: the mark keeps it out of every later plan and write.
+            events.append({"event": "irq_unsettable", "irq": entry.irq, "device": entry.device, "name": entry.name,
+                           "errno": outcome.errno_name, "effective": list(outcome.effective or ()),
+                           "near_device": near, "reason": f"{why}; never retried"})
+            return "managed" if outcome.managed else "refused"
+        attempts = (failures.retries[entry.irq].attempts if entry.irq in failures.retries else 0) + 1
+        delay = min(self.settings.retry_base_seconds * 2 ** (attempts - 1), self.settings.retry_max_seconds)
+        failures.retries[entry.irq] = Retry(entry.name, attempts, now + delay, outcome.errno)
+        failures.last_error = f"{what}: {outcome.message}"
+        events.append({"event": "irq_move_failed", "irq": entry.irq, "device": entry.device, "name": entry.name,
+                       "errno": outcome.errno_name, "attempt": attempts, "retry_in_seconds": delay,
+                       "reason": outcome.message})
+        return "failed" if outcome.status == TRANSIENT else outcome.status
