@@ -249,32 +249,29 @@ def _enclose(client, lease: dict, pid: int, cpus: list[int] | None, nodes: list[
              "AllowedMemoryNodes": format_cpulist(spec.memory_nodes) if spec.memory_nodes else None,
              "DevicePolicy": "closed",
              "DeviceAllow": [f"{path} {access}" for path, access in device_allow(spec.gpu_numbers, spec.controls)]}
-    placed: dict | None = None  # the daemon's answer once it has recorded the scope on the lease
+    placed: dict | None = None  # topod's answer once it has made the scope and recorded it on the lease
     try:
-        start_scope(spec)
-        scope["created"] = True
-    except ScopeError as exc:
-        scope["reason"] = str(exc)
-        if "refused to start a unit for this user" in str(exc):
-            # polkit refuses this user; topod (root) places the lease owner's own child
-            # (POST /v1/leases/{id}/scope) and stops the scope when the lease ends.
-            try:
-                placed = client.place_in_scope(lease["id"], pid)
-                scope.update(created=True, reason=None, by="topod")
-            except Exception as refused:  # noqa: BLE001 - an older topod, or none on the bus: said
-                scope["reason"] += f"; topod could not place it either ({refused})"
-    if scope["created"] and placed is None:
-        # Started here: topod records it on the lease (joining the unit it finds), so the
-        # lease, health and this answer say the same, and a revoke stops the scope.
+        # topod makes the scope (any member may ask for its own child) and records it on the
+        # lease, so the lease, health and this answer say the same, and a revoke stops it.
+        placed = client.place_in_scope(lease["id"], pid)
+        scope.update(created=True, reason=None, by="topod")
+    except Exception as refused:  # noqa: BLE001 - an older topod, a captured tree's, none on the bus: said
+        scope["reason"] = f"topod did not place it ({refused})"
         try:
-            placed = client.place_in_scope(lease["id"], pid)
-        except Exception as unrecorded:  # noqa: BLE001 - an older topod: the lease keeps its own word
-            scope["recorded"] = f"topod did not record the scope ({unrecorded})"
+            start_scope(spec)
+            scope.update(created=True, reason=None, by="topoctl", recorded=f"not on the lease: {refused}")
+        except ScopeError as exc:
+            scope["reason"] += f"; nor did systemd for topoctl: {exc}"
     # sched_setaffinity takes a mask that names at least one CPU this process may use; a
     # lease from another host's tree may name none here, and then nothing is pinned.
     pinnable = bool(cpus) and bool(set(cpus) & os.sched_getaffinity(0))
     # What holds the job is what the lease says it gets (the daemon's word, never more).
-    mode = (placed or {}).get("lease_enforcement") or lease.get("enforcement") or lease_mode(host.mode, pinnable)
+    if placed is not None:
+        mode = placed.get("lease_enforcement") or placed.get("enforcement") or "none"
+    elif scope["created"] and host.mode == "cgroup" and cpus:
+        mode = "cgroup"  # a scope of topoctl's own, on a host whose cgroups hold it
+    else:
+        mode = lease.get("enforcement") or lease_mode(host.mode, pinnable)
     if mode == "affinity" and not pinnable:
         mode = "none"
     if mode == "cgroup":
