@@ -17,6 +17,8 @@
 # first image build, no PyPI for the first wheelhouse.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/tier-wheelhouse.sh
+source scripts/tier-wheelhouse.sh
 
 SUITE=bookworm
 MIRROR=${TOPOD_TIER_MIRROR:-http://deb.debian.org/debian}
@@ -142,23 +144,7 @@ $(declare -f install_packages configure_rootfs build_image)"
 
 build_wheelhouse() {
     # The guest's python3 is Debian 12's 3.11: the wheels must be cp311 for this arch.
-    local host_python=${PYTHON:-python3}
-    local here
-    here=$("$host_python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-    [[ $here == 3.11 ]] || skip "the wheelhouse needs python 3.11 (the guest's), $host_python is $here; set PYTHON="
-    if ! make --no-print-directory wheelhouse PYTHON="$host_python" WHEELHOUSE_DIR="$WHEELHOUSE" >/dev/null 2>build/live-wheelhouse.log; then
-        if ls "$WHEELHOUSE"/topod-*.whl >/dev/null 2>&1 && ! grep -q "error: " build/live-wheelhouse.log; then
-            echo "wheelhouse: keeping $WHEELHOUSE"
-        else
-            tail -5 build/live-wheelhouse.log >&2
-            skip "make wheelhouse failed (needs PyPI once); log: build/live-wheelhouse.log"
-        fi
-    fi
-    # One topod wheel only: the current tree's (an older version would be picked too).
-    local version
-    version=$(.venv/bin/python -c 'import topod; print(topod.__version__)')
-    find "$WHEELHOUSE" -name 'topod-*.whl' ! -name "topod-$version-*" -delete
-    echo "wheelhouse: $WHEELHOUSE ($(ls "$WHEELHOUSE" | wc -l) wheels)"
+    tier_wheelhouse 3.11 "$WHEELHOUSE" build/live-wheelhouse.log guest
 }
 
 prepare() {

@@ -47,9 +47,7 @@ def farthest_node(topology: Topology, node: int) -> int | None:
     others = [other for other in topology.numa_nodes if other.id != node and other.cpus]
     if not others:
         return None
-    by_id = {other.id: other for other in topology.numa_nodes}
-    distances = by_id[node].distances if node in by_id else {}
-    return max(others, key=lambda other: (distances.get(other.id, 0), -other.id)).id
+    return max(others, key=lambda other: (topology.slit(node, other.id) or 0, -other.id)).id
 
 
 def near_far(topology: Topology, backend: ProbeBackend) -> tuple[list[NearFar], list[str]]:

@@ -299,6 +299,7 @@ class GroupCommitWriter:
         # checked around every commit (see the module's note).
         self._files = ledger_files(path)
         self.lost: str | None = None  # why the ledger at the path is not the one written, until rebuilt
+        self._lost_how: str | None = None  # what was found at the path (self.lost adds why a rebuild failed)
         self._rescued: sqlite3.Connection | None = None  # the committed leases, in memory, until rebuilt
         self.rebuilds = 0
         self._failing: dict[str, str] = {}  # write kind -> its last error, until one of that kind succeeds
@@ -497,20 +498,21 @@ class GroupCommitWriter:
         there from what the writer's connection holds; False when that failed (self.lost
         says why, and the next call tries again)."""
         if self._rescued is None:
-            difference = ledger_difference(self._files, ledger_files(self.path))
-            if difference is None:
-                return True
-            self.lost = f"lease database {self.path}: {difference} while topod ran"
-            log.error("lease_ledger_lost", path=str(self.path), reason=difference)
+            if self._lost_how is None:  # found now (logged once, however many tries it takes)
+                difference = ledger_difference(self._files, ledger_files(self.path))
+                if difference is None:
+                    return True
+                self._lost_how = self.lost = f"lease database {self.path}: {difference} while topod ran"
+                log.error("lease_ledger_lost", path=str(self.path), reason=difference)
             try:
                 self._rescued = rescue(self._db)
             except (sqlite3.Error, OSError) as exc:
-                self.lost = f"{self.lost}; reading the leases back failed: {exc}"
+                self.lost = f"{self._lost_how}; reading the leases back failed: {exc}"
                 return False
         try:
             db = rebuild_at(self.path, self._rescued, self._synchronous, self._release_old)
         except (sqlite3.Error, OSError, LeaseStoreError) as exc:
-            self.lost = f"{self.lost.split('; rebuilding')[0]}; rebuilding it failed: {exc}"
+            self.lost = f"{self._lost_how}; rebuilding it failed: {exc}"
             log.error("lease_ledger_rebuild_failed", path=str(self.path), error=str(exc))
             return False
         self._db = db
@@ -520,8 +522,8 @@ class GroupCommitWriter:
         self._files = ledger_files(self.path)
         self._wal_reserved, self._unchecked_commits = False, 0
         self.rebuilds += 1
-        log.warning("lease_ledger_rebuilt", path=str(self.path), leases=leases, reason=self.lost)
-        self.lost = None
+        log.warning("lease_ledger_rebuilt", path=str(self.path), leases=leases, reason=self._lost_how)
+        self.lost = self._lost_how = None
         return True
 
     def _rebuild_until_done(self, changes: list[QueuedChange]) -> None:
