@@ -65,7 +65,7 @@ def test_a_hot_plugged_nvme_is_discovered_placed_on_node_1_and_removed_without_a
             if guest.alive():
                 raise
             # Debian 12's QEMU sometimes segfaults unplugging an emulated NVMe under TCG
-            # (seen in the host's dmesg): QEMU's fault, not the guest's; this test runs last.
+            # (seen in the host's dmesg): QEMU's fault, not the guest's.
             pytest.skip(f"QEMU itself exited ({guest.process.returncode}) on the NVMe's device_del: "
                         "removal not checked this run (discovery and placement were)")
         guest.wait_until(lambda: device["address"] not in _nvmes(guest), "the NVMe gone from the topology",
